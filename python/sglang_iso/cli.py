@@ -1,0 +1,62 @@
+"""The ``sglang-iso`` command."""
+
+from __future__ import annotations
+
+# NOTE: imported first because ``spawn`` children of ``sglang-iso serve`` re-run
+# the console script, and the shims must precede every SGLang import there too.
+from sglang_iso.platform import bootstrap
+
+bootstrap.apply()
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+USAGE = """sglang-iso COMMAND [ARGS]
+
+commands:
+  serve [SGLANG AND SGLANG-ISO FLAGS]   start the server (see `sglang-iso serve --help`)
+  demo [--port PORT]                    serve the bundled tiny model and show a cache hit
+  model-path                            print the path of the bundled tiny model
+  version                               print versions
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        from sglang_iso.launch_server import main as serve_main
+
+        return serve_main(rest)
+    if command == "demo":
+        from sglang_iso.demo import main as demo_main
+
+        return demo_main(rest)
+    if command == "model-path":
+        from sglang_iso.models import tiny_model_path
+
+        print(tiny_model_path())
+        return 0
+    if command == "version":
+        return _version()
+    print(f"sglang-iso: unknown command {command!r}\n\n{USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+def _version() -> int:
+    from importlib.metadata import version
+
+    from sglang_iso.integration.symbols import PINNED_SGLANG_VERSION
+
+    parser = argparse.ArgumentParser(prog="sglang-iso version")
+    parser.parse_args([])
+    print(f"sglang-iso {version('sglang-iso')}")
+    print(f"sglang {version('sglang')} (pinned {PINNED_SGLANG_VERSION})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""Hooks sglang-iso installs through SGLang's HookRegistry.
+
+All of them run in the scheduler process. They never swallow errors: a failed
+check stops the scheduler before it serves a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+logger = logging.getLogger(__name__)
+
+# Set by sglang-iso's launcher; inherited by every spawned SGLang process.
+REQUIRE_ENV = "SGLANG_ISO_REQUIRE_TENANT_CACHE"
+
+
+class UnhardenedCacheError(RuntimeError):
+    """The scheduler's live tree cache is not sglang-iso's tenant cache."""
+
+
+def install() -> None:
+    """Register every hook (applied by SGLang's ``load_plugins``)."""
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", verify_scheduler_tree_cache, HookType.AFTER
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+        report_internal_state,
+        HookType.AFTER,
+    )
+
+
+def tree_cache_status(tree_cache: object) -> dict[str, Any]:
+    """Describe a tree cache; ``is_tenant`` is True only for ours."""
+    from sglang_iso.integration.backend import TenantRadixCache
+
+    if isinstance(tree_cache, TenantRadixCache):
+        return {"is_tenant": True, **tree_cache.iso_status()}
+    return {"is_tenant": False, "backend": None, "impl": type(tree_cache).__name__}
+
+
+def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER ``Scheduler.__init__``: refuse to serve with a tree cache that is not ours.
+
+    Enforced only when sglang-iso's launcher started the server (``REQUIRE_ENV``),
+    so a plain upstream server started from the same environment (the baseline of
+    our benchmarks) keeps working.
+
+    Raises:
+        UnhardenedCacheError: the live ``scheduler.tree_cache`` is another class.
+    """
+    status = tree_cache_status(getattr(scheduler, "tree_cache", None))
+    if os.environ.get(REQUIRE_ENV) != "1":
+        logger.info("sglang-iso: tree cache %s (not enforced in this process)", status["impl"])
+        return
+    if not status["is_tenant"]:
+        raise UnhardenedCacheError(
+            f"sglang-iso: the scheduler's tree cache is {status['impl']}, not the tenant cache; "
+            "refusing to serve unhardened (was --radix-cache-backend overridden?)"
+        )
+    logger.info("sglang-iso: verified live tree cache: %s", status)
+
+
+def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER ``get_internal_state``: add ``sglang_iso`` to /get_server_info's internal_states."""
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        state["sglang_iso"] = {"tree_cache": tree_cache_status(controller.scheduler.tree_cache)}

@@ -1,0 +1,91 @@
+"""Every SGLang symbol sglang-iso depends on, with the parameters it relies on.
+
+``test/integration/test_compat.py`` resolves each entry against the installed
+SGLang and checks that the named parameters still exist, so a version bump that
+renames or drops one fails the suite instead of silently disabling a defense.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+PINNED_SGLANG_VERSION = "0.5.23"
+
+
+class HookedSymbol(NamedTuple):
+    """One SGLang symbol and how we use it."""
+
+    path: str  # "module:qualname"
+    params: tuple[str, ...]  # parameter names we pass or receive (empty for classes/constants)
+    use: str  # why we need it
+
+
+HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
+    HookedSymbol(
+        "sglang.srt.mem_cache.registry:register_radix_cache_backend",
+        ("name", "factory"),
+        "registers the 'tenant' tree cache backend",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.registry:get_radix_cache_factory",
+        ("name",),
+        "idempotent registration across repeated plugin loads",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.registry:create_unified_radix_cache",
+        ("ctx", "cache_class"),
+        "builds the tenant cache with upstream's component wiring",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.registry:TreeCacheBuildContext",
+        ("server_args", "params", "model_config", "tp_worker"),
+        "the argument our factory receives",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
+        ("self", "params"),
+        "base class of the tenant cache",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.__init__",
+        ("self", "server_args"),
+        "AFTER hook: verifies the live tree cache is ours before serving",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler_components.internal_state:"
+        "SchedulerInternalStateController.get_internal_state",
+        ("self", "recv_req"),
+        "AFTER hook: reports the live tree cache in /get_server_info",
+    ),
+    HookedSymbol(
+        "sglang.srt.plugins.hook_registry:HookRegistry.register",
+        ("target", "hook", "hook_type"),
+        "installs our hooks",
+    ),
+    HookedSymbol(
+        "sglang.srt.server_args:prepare_server_args",
+        ("argv",),
+        "the launcher parses SGLang flags with SGLang's own parser",
+    ),
+    HookedSymbol(
+        "sglang.srt.server_args:ServerArgs.add_cli_args",
+        ("parser",),
+        "the launcher shows SGLang's flags next to ours",
+    ),
+    HookedSymbol(
+        "sglang.launch_server:run_server",
+        ("server_args",),
+        "the launcher starts the unmodified SGLang server",
+    ),
+    HookedSymbol(
+        "sglang.srt.plugins:load_plugins",
+        (),
+        "the launcher loads plugins exactly as SGLang's own entry points do",
+    ),
+)
+
+# Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
+REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
+    "sglang.srt.managers.scheduler.Scheduler.__init__",
+    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+)

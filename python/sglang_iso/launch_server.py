@@ -1,0 +1,54 @@
+"""``python -m sglang_iso.launch_server``: SGLang's server with the tenant cache.
+
+The CPU shims are applied at import, before anything imports SGLang. SGLang
+starts its scheduler and detokenizer with the ``spawn`` start method, which
+re-imports this module (as ``__mp_main__``) in each child before unpickling its
+target, so every SGLang process gets them.
+"""
+
+from __future__ import annotations
+
+from sglang_iso.platform import bootstrap
+
+bootstrap.apply()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import logging
+    import os
+    import sys
+
+    from sglang_iso.integration.hooks import REQUIRE_ENV
+    from sglang_iso.server.args import add_iso_args, plan_launch
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        from sglang_iso.integration.server import add_sglang_cli_args
+
+        parser = argparse.ArgumentParser(prog="sglang-iso serve", allow_abbrev=False)
+        add_sglang_cli_args(parser)
+        add_iso_args(parser)
+        parser.print_help()
+        return 0
+
+    try:
+        plan = plan_launch(args, cuda_available=bootstrap.cuda_available())
+    except ValueError as exc:
+        print(f"sglang-iso: error: {exc}", file=sys.stderr)
+        return 2
+    if plan.dry_run:
+        print(json.dumps({"sglang_argv": plan.sglang_argv, "added": plan.added}))
+        return 0
+    os.environ[REQUIRE_ENV] = "1"
+    if plan.added:
+        logging.getLogger("sglang_iso").warning("sglang-iso: added defaults: %s", " ".join(plan.added))
+    from sglang_iso.integration.server import serve
+
+    serve(plan.sglang_argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+"""Process start-up for sglang-iso entry points (before any SGLang import)."""
+
+from __future__ import annotations
+
+import os
+
+from sglang_iso.platform import cpu
+
+
+def apply() -> None:
+    """Apply the platform shims this process needs. Idempotent."""
+    cpu.apply()
+
+
+def cuda_available() -> bool:
+    if os.environ.get("SGLANG_ISO_FORCE_CPU") == "1":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -1,0 +1,29 @@
+"""Entry point of the ``sglang.srt.plugins`` group; SGLang runs it in every process."""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def register() -> None:
+    """Apply CPU compatibility, register the ``tenant`` backend and our hooks.
+
+    Idempotent. If this raises, SGLang logs it and ``tenant`` stays unregistered,
+    so a server launched by sglang-iso (which selects ``tenant``) refuses to start:
+    a failed plugin never degrades into an unhardened server.
+    """
+    from sglang_iso.platform import cpu
+
+    cpu.apply()
+
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+
+    from sglang_iso.integration import hooks
+    from sglang_iso.integration.backend import BACKEND_NAME, build_tenant_cache
+
+    if get_radix_cache_factory(BACKEND_NAME) is None:
+        register_radix_cache_backend(BACKEND_NAME, build_tenant_cache)
+        hooks.install()
+        logger.info("sglang-iso: registered radix cache backend %r", BACKEND_NAME)

@@ -1,0 +1,1 @@
+"""Server glue: the launcher's own flags and the defaults it picks."""

@@ -1,0 +1,156 @@
+"""Run a server as a child process: start, wait for /health, show its log, stop.
+
+Used by the demo, the test fixtures and the benchmarks. The child gets its own
+process group, and :meth:`ServerProcess.stop` kills the whole group, so no
+scheduler or detokenizer is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time; the message has its log tail."""
+
+
+class ServerProcess:
+    """A server started with ``argv`` (a full command line) on ``port``.
+
+    Args:
+        argv: the command, e.g. ``[sys.executable, "-m", "sglang_iso.launch_server", ...]``.
+        port: the port it listens on (must match ``--port`` in argv).
+        log_path: where stdout and stderr go; a temp file if None.
+    """
+
+    def __init__(self, argv: Sequence[str], port: int, *, log_path: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.argv = list(argv)
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="sglang-iso-server-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 300.0) -> ServerProcess:
+        """Start the process and wait until /health answers 200.
+
+        Raises:
+            ServerStartError: the process exited, or ``timeout_s`` passed.
+        """
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"server exited with code {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """Kill the whole process group (SIGTERM, then SIGKILL)."""
+        if self.proc is None:
+            return
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            if pgid is not None:
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+            try:
+                self.proc.wait(timeout=wait_s)
+                if sig == signal.SIGTERM and pgid is not None:
+                    # Children (scheduler, detokenizer) may outlive the parent.
+                    try:
+                        os.killpg(pgid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, path: str, payload: dict[str, Any], *, headers: dict[str, str] | None = None,
+             timeout_s: float = 120.0) -> tuple[int, Any]:
+        """POST JSON; returns (status, decoded JSON or text)."""
+        return request_json(self.base_url + path, payload, headers=headers, timeout_s=timeout_s)
+
+    def get(self, path: str, *, timeout_s: float = 30.0) -> tuple[int, Any]:
+        return request_json(self.base_url + path, None, timeout_s=timeout_s)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def request_json(url: str, payload: dict[str, Any] | None, *, headers: dict[str, str] | None = None,
+                 timeout_s: float = 120.0) -> tuple[int, Any]:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST")
+    req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode(errors="replace")
+
+
+def iso_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
+    """Command line for sglang-iso's launcher on ``port`` (CPU-friendly sizes)."""
+    return [
+        sys.executable, "-m", "sglang_iso.launch_server",
+        "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
+        "--skip-server-warmup", *extra,
+    ]
