@@ -76,7 +76,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool) -> LaunchPlan:
 
     if ours.iso_cpu_defaults == "auto" and not cuda_available:
         for flag, value in CPU_DEFAULTS:
-            if _has_flag(sglang_argv, flag):
+            if has_flag(sglang_argv, flag):
                 continue
             extra = [flag] if value is None else [flag, value]
             sglang_argv += extra
@@ -84,7 +84,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool) -> LaunchPlan:
     return LaunchPlan(sglang_argv=sglang_argv, added=added, dry_run=ours.iso_dry_run)
 
 
-def _has_flag(argv: Sequence[str], flag: str) -> bool:
+def has_flag(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 

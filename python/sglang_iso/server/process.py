@@ -154,3 +154,12 @@ def iso_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]
         "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
         "--skip-server-warmup", *extra,
     ]
+
+
+def baseline_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
+    """Command line for plain upstream SGLang (the comparison baseline) on ``port``."""
+    return [
+        sys.executable, "-m", "sglang_iso.baseline_server",
+        "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
+        "--skip-server-warmup", *extra,
+    ]

@@ -1,0 +1,33 @@
+"""``python -m sglang_iso.baseline_server``: plain upstream SGLang, for comparison.
+
+Runs SGLang's own server with its default tree cache and only the CPU shims
+applied (and, without CUDA, the same CPU flags as sglang-iso's launcher). It is
+the unhardened baseline that benchmarks and the audit run side by side with
+sglang-iso; never serve tenants with it.
+"""
+
+from __future__ import annotations
+
+from sglang_iso.platform import bootstrap
+
+bootstrap.apply()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from sglang_iso.server.args import CPU_DEFAULTS, has_flag
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not bootstrap.cuda_available():
+        for flag, value in CPU_DEFAULTS:
+            if not has_flag(args, flag):
+                args += [flag] if value is None else [flag, value]
+    from sglang_iso.integration.server import serve
+
+    serve(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Per-namespace configuration and accounting records of the tenant-partitioned tree (internal)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX, NamespaceStats, Policy
+
+SHARED_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+"""Names of operator-declared shared prefixes."""
+
+
+@dataclass
+class NamespaceState:
+    """Mutable config and counters of one namespace. Mutated only by ``TenantRadixTree``."""
+
+    namespace: str
+    evictable: int = 0
+    """Tokens in this namespace's unlocked nodes."""
+    protected: int = 0
+    """Tokens in this namespace's locked nodes."""
+    quota: int | None = None
+    """Soft cap on resident tokens; None: unlimited."""
+    policy: Policy = "private"
+    hit_tokens: int = 0
+    lookup_tokens: int = 0
+    inserted_tokens: int = 0
+    evicted_tokens: int = 0
+    violations: int = 0
+
+    @property
+    def resident(self) -> int:
+        return self.evictable + self.protected
+
+    def snapshot(self) -> NamespaceStats:
+        return NamespaceStats(
+            namespace=self.namespace,
+            resident=self.resident,
+            evictable=self.evictable,
+            protected=self.protected,
+            quota=self.quota,
+            policy=self.policy,
+            hit_tokens=self.hit_tokens,
+            lookup_tokens=self.lookup_tokens,
+            inserted_tokens=self.inserted_tokens,
+            evicted_tokens=self.evicted_tokens,
+            violations=self.violations,
+        )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the tree knows about a tenant namespace, for shared-prefix read checks."""
+
+    tenant_id: str
+    scope: str
+    """KV-compatibility scope id (``NamespaceKeyer.scope_id``)."""
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """An operator-declared prefix whose KV may be read by several tenants."""
+
+    name: str
+    tokens: tuple[int, ...]
+    """The only token sequence ever stored under this name (whole pages)."""
+    readers: frozenset[str] | Literal["*"]
+    """Tenant ids allowed to read, or ``"*"`` for every registered tenant in ``scope``."""
+    scope: str
+    """Only namespaces registered with this scope id may read: the KV must be bit-compatible."""
+
+    @property
+    def namespace(self) -> str:
+        return SHARED_NAMESPACE_PREFIX + self.name
+
+    def readable_by(self, registration: Registration) -> bool:
+        if registration.scope != self.scope:
+            return False
+        return self.readers == "*" or registration.tenant_id in self.readers

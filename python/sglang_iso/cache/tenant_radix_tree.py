@@ -1,0 +1,565 @@
+"""A radix prefix cache partitioned by namespace, so one tenant can never read another's KV.
+
+Layout (all sizes in tokens; values are KV pool slot indices)::
+
+    private[ns]           owner ns          ns's own prefixes
+    shared[name]          owner shared:name at most one node: exactly the declared tokens
+    cont[name][ns]        owner ns          ns's continuations after shared prefix `name`
+
+A request from ``ns`` walks only roots it may use: ``private[ns]``, or, when
+its tokens start with a shared prefix readable by ``ns``'s tenant,
+``shared[name]`` then ``cont[name][ns]``. Every node carries the owner of its
+root, checked on every walk (a mismatch fails closed: the walk stops, the
+violation is counted and logged as ``isolation-violation``).
+
+Slots enter the tree only through :meth:`TenantRadixTree.insert` and leave it
+only through ``free_fn`` (eviction, quota, flush, reset).
+
+Client eviction priorities are deliberately not accepted: honouring them across
+namespaces would let one tenant keep its entries at others' expense, and inside
+one namespace LRU is what the quota already needs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Literal, NamedTuple
+
+from sglang_iso.cache.namespaces import SHARED_NAME_PATTERN, NamespaceState, Registration, SharedPrefix
+from sglang_iso.cache.node import RootNode, TreeNode, common_prefix_len, iter_subtree, page_key
+from sglang_iso.cache.results import (
+    POLICIES,
+    SHARED_NAMESPACE_PREFIX,
+    InsertResult,
+    MatchResult,
+    NamespaceStats,
+    NodeHandle,
+    Policy,
+)
+
+logger = logging.getLogger(__name__)
+
+_EMPTY_HANDLE = NodeHandle(())
+
+
+class _Walk(NamedTuple):
+    node: TreeNode
+    """Last node matched (the root when nothing matched)."""
+    indices: list[int]
+
+
+class _Stored(NamedTuple):
+    last: TreeNode
+    prefix_len: int
+    inserted_len: int
+    duplicates: list[int]
+
+
+class TenantRadixTree:
+    """Tenant-partitioned radix tree of KV slot indices. Not thread-safe; call from the scheduler thread."""
+
+    def __init__(self, page_size: int, free_fn: Callable[[list[int]], None]) -> None:
+        """Args:
+        page_size: tokens per KV page; only whole pages are matched, stored and split.
+        free_fn: receives every slot list leaving the tree; the only way slots are released.
+        """
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+        self.page_size = page_size
+        self._free_fn = free_fn
+        self._private: dict[str, RootNode] = {}
+        self._shared_roots: dict[str, RootNode] = {}
+        self._cont: dict[str, dict[str, RootNode]] = {}
+        """shared name -> namespace -> continuation root."""
+        self._shared: dict[str, SharedPrefix] = {}
+        self._registrations: dict[str, Registration] = {}
+        self._ns: dict[str, NamespaceState] = {}
+        self._resident: set[int] = set()
+        """Every slot currently owned by some node."""
+        self._clock = 0
+        self._violations = 0
+
+    # ----------------------------------------------------------------------------------------------- configuration
+
+    def register_namespace(self, ns: str, *, tenant_id: str, scope: str) -> None:
+        """Record ``ns``'s tenant and KV scope; needed (only) to read shared prefixes.
+
+        Raises:
+            ValueError: bad ``ns``, or ``ns`` already registered with other values.
+        """
+        self._check_ns(ns, allow_shared=False)
+        reg = Registration(tenant_id, scope)
+        old = self._registrations.get(ns)
+        if old is not None and old != reg:
+            raise ValueError(f"namespace {ns!r} is already registered as {old}")
+        self._registrations[ns] = reg
+
+    def declare_shared(
+        self, name: str, tokens: Sequence[int], readers: frozenset[str] | Literal["*"], *, scope: str
+    ) -> str:
+        """Declare an operator-shared prefix; returns its namespace id ``shared:<name>``.
+
+        Its KV is supplied by the first reader that inserts a sequence starting
+        with ``tokens``; later readers in ``scope`` (``"*"``: every tenant) hit it.
+
+        Raises:
+            ValueError: bad or duplicate name, empty or page-unaligned tokens, bad readers.
+        """
+        if not isinstance(name, str) or SHARED_NAME_PATTERN.fullmatch(name) is None:
+            raise ValueError(f"shared name must match {SHARED_NAME_PATTERN.pattern!r}, got {name!r}")
+        if name in self._shared:
+            raise ValueError(f"shared prefix {name!r} is already declared")
+        key = tuple(tokens)
+        if not key or len(key) % self.page_size:
+            raise ValueError(f"shared tokens must be a non-zero multiple of {self.page_size=}, got {len(key)}")
+        if readers != "*" and not (isinstance(readers, frozenset) and all(isinstance(r, str) for r in readers)):
+            raise ValueError(f"readers must be a frozenset of tenant ids or '*', got {readers!r}")
+        decl = SharedPrefix(name, key, readers, scope)
+        self._shared[name] = decl
+        self._shared_roots[name] = RootNode(decl.namespace, "shared", name)
+        self._state(decl.namespace)
+        return decl.namespace
+
+    def set_quota(self, ns: str, tokens: int | None) -> None:
+        """Set ``ns``'s soft cap on resident tokens (None: unlimited).
+
+        Enforced on ``ns``'s own inserts and first under ``evict`` pressure; evicts nothing by itself.
+        """
+        self._check_ns(ns, allow_shared=True)
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
+            raise ValueError(f"quota must be None or an int >= 0, got {tokens!r}")
+        self._state(ns).quota = tokens
+
+    def set_policy(self, ns: str, policy: Policy) -> None:
+        """``"off"``: ``ns`` stops inserting and matching (existing entries stay until evicted or flushed)."""
+        self._check_ns(ns, allow_shared=True)
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self._state(ns).policy = policy
+
+    # ------------------------------------------------------------------------------------------------- cache ops
+
+    def match(self, ns: str, tokens: Sequence[int]) -> MatchResult:
+        """Longest cached page-aligned prefix of ``tokens`` visible to ``ns``.
+
+        Mutates: LRU clocks on the path, may split a node at the match end, hit counters.
+        The indices are only safe to use beyond this call once ``last_node`` is locked.
+        """
+        self._check_ns(ns, allow_shared=False)
+        state = self._state(ns)
+        if state.policy == "off":
+            return MatchResult((), _EMPTY_HANDLE, 0)
+        key = self._aligned(tokens)
+        self._clock += 1
+        state.lookup_tokens += len(key)
+        shared = self._route(ns, key)
+        ends: list[TreeNode] = []
+        if shared is None:
+            root = self._private.get(ns)
+            if root is None:
+                return MatchResult((), _EMPTY_HANDLE, 0)
+            walk = self._walk(root, key, ns, ns)
+            indices, ends = walk.indices, [walk.node]
+        else:
+            n_shared = len(shared.tokens)
+            head = self._walk(self._shared_roots[shared.name], key[:n_shared], shared.namespace, ns)
+            if len(head.indices) != n_shared:
+                return MatchResult((), _EMPTY_HANDLE, 0)
+            indices, ends = head.indices, [head.node]
+            self._ns[shared.namespace].hit_tokens += n_shared
+            cont = self._cont.get(shared.name, {}).get(ns)
+            if cont is not None:
+                tail = self._walk(cont, key[n_shared:], ns, ns)
+                indices = indices + tail.indices
+                ends.append(tail.node)
+        state.hit_tokens += len(indices)
+        handle = NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode)))
+        return MatchResult(tuple(indices), handle, len(indices))
+
+    def insert(self, ns: str, tokens: Sequence[int], indices: Sequence[int]) -> InsertResult:
+        """Cache ``indices`` (one slot per token) under ``ns``; see :class:`InsertResult` for slot ownership.
+
+        Only whole pages are stored. With policy ``"off"`` nothing is stored and
+        every slot stays the caller's. If ``ns`` ends above its quota, its own
+        LRU unlocked leaves are evicted (never the path just inserted).
+
+        Mutates: the tree, LRU clocks, accounting; may call ``free_fn`` (quota).
+
+        Raises:
+            ValueError: bad ``ns`` or ``len(indices) != len(tokens)``.
+        """
+        self._check_ns(ns, allow_shared=False)
+        if len(indices) != len(tokens):
+            raise ValueError(f"need one index per token: {len(tokens)=} {len(indices)=}")
+        if self._state(ns).policy == "off":
+            return InsertResult(0, 0, ())
+        key = self._aligned(tokens)
+        values = [int(i) for i in indices[: len(key)]]
+        self._clock += 1
+        shared = self._route(ns, key)
+        if shared is None:
+            res = self._store(self._root("private", ns, None), key, values, ns, ns)
+            result = InsertResult(res.prefix_len, res.inserted_len, tuple(res.duplicates))
+            ends = [res.last]
+        else:
+            n_shared = len(shared.tokens)
+            head = self._store(self._shared_roots[shared.name], key[:n_shared], values[:n_shared], shared.namespace, ns)
+            ends = [head.last]
+            if head.prefix_len + head.inserted_len < n_shared or len(key) == n_shared:
+                result = InsertResult(head.prefix_len, head.inserted_len, tuple(head.duplicates))
+            else:
+                cont = self._root("cont", ns, shared.name)
+                tail = self._store(cont, key[n_shared:], values[n_shared:], ns, ns)
+                ends.append(tail.last)
+                dups = tuple(head.duplicates + tail.duplicates)
+                if head.inserted_len:
+                    # NOTE: continuations exist only under a filled shared node, so a fresh fill has none.
+                    assert tail.prefix_len == 0, f"{tail.prefix_len=}"
+                    result = InsertResult(0, n_shared + tail.inserted_len, dups)
+                else:
+                    result = InsertResult(n_shared + tail.prefix_len, tail.inserted_len, dups)
+        self._enforce_quota(ns, NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode))))
+        return result
+
+    def inc_lock(self, handle: NodeHandle) -> None:
+        """Protect every node from each segment end up to its root from eviction.
+
+        Raises:
+            RuntimeError: the handle's nodes are no longer in this tree.
+        """
+        for node in handle.nodes:
+            self._check_attached(node)
+        for node in handle.nodes:
+            self._lock_path(node, +1)
+
+    def dec_lock(self, handle: NodeHandle) -> None:
+        """Undo one :meth:`inc_lock` of ``handle``.
+
+        Raises:
+            RuntimeError: stale handle, or a lock count would go below zero (nothing is changed then).
+        """
+        for node in handle.nodes:
+            self._check_attached(node)
+            walk: TreeNode | None = node
+            while walk is not None and not isinstance(walk, RootNode):
+                if walk.lock_ref < 1:
+                    raise RuntimeError(f"dec_lock below zero: {walk!r} {walk.lock_ref=}")
+                walk = walk.parent
+        for node in handle.nodes:
+            self._lock_path(node, -1)
+
+    def evict(self, num_tokens: int) -> int:
+        """Release at least ``num_tokens`` tokens of unlocked leaves if possible; returns tokens released.
+
+        Order: namespaces above their quota (most over first) down to their
+        quota, then LRU across all namespaces. Slots go to ``free_fn``.
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        freed = 0
+        stuck: set[str] = set()
+        while freed < num_tokens:
+            over = [
+                (st.resident - st.quota, ns)
+                for ns, st in self._ns.items()
+                if st.quota is not None and st.resident > st.quota and st.evictable > 0 and ns not in stuck
+            ]
+            if not over:
+                break
+            excess, ns = max(over)
+            got = self._evict_lru(min(excess, num_tokens - freed), self._owned_roots(ns))
+            if got == 0:
+                stuck.add(ns)
+            freed += got
+        if freed < num_tokens:
+            freed += self._evict_lru(num_tokens - freed, None)
+        return freed
+
+    def flush(self, ns: str) -> int:
+        """Release all unlocked entries of ``ns``; returns tokens released through ``free_fn``.
+
+        Flushing ``shared:<name>`` also flushes every tenant's continuations of
+        that prefix (they are unreachable without it). Locked paths stay.
+        """
+        self._check_ns(ns, allow_shared=True)
+        roots = self._owned_roots(ns)
+        if ns.startswith(SHARED_NAMESPACE_PREFIX):
+            roots += list(self._cont.get(ns[len(SHARED_NAMESPACE_PREFIX) :], {}).values())
+        return self._evict_lru(self.total_size(), roots)
+
+    def reset(self) -> None:
+        """Release every entry through ``free_fn``. Config (quotas, policies, declarations) and counters stay.
+
+        Raises:
+            RuntimeError: some node is locked (its slots are in use); nothing is changed then.
+        """
+        if self.protected_size():
+            raise RuntimeError(f"reset with locked entries: {self.protected_size()=}")
+        nodes = [n for root in self._all_roots() for n in iter_subtree(root)]
+        self._private.clear()
+        self._cont.clear()
+        for root in self._shared_roots.values():
+            root.children.clear()
+        for state in self._ns.values():
+            state.evicted_tokens += state.evictable
+            state.evictable = 0
+        self._resident.clear()
+        for node in nodes:
+            node.parent = None
+            node.children = {}
+        for node in nodes:
+            self._free_fn(list(node.value))
+
+    # ------------------------------------------------------------------------------------------------ accounting
+
+    def stats(self, ns: str) -> NamespaceStats:
+        """Accounting snapshot of ``ns`` (zeros for an unknown namespace)."""
+        self._check_ns(ns, allow_shared=True)
+        state = self._ns.get(ns)
+        return (state if state is not None else NamespaceState(ns)).snapshot()
+
+    def evictable_size(self) -> int:
+        return sum(st.evictable for st in self._ns.values())
+
+    def protected_size(self) -> int:
+        return sum(st.protected for st in self._ns.values())
+
+    def total_size(self) -> int:
+        return self.evictable_size() + self.protected_size()
+
+    @property
+    def violations(self) -> int:
+        """Isolation violations detected since construction (all namespaces)."""
+        return self._violations
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` (with the numbers) if an internal invariant fails; see ``integrity``."""
+        from sglang_iso.cache.integrity import check_tree_integrity
+
+        check_tree_integrity(self)
+
+    # -------------------------------------------------------------------------------------------------- private
+
+    def _check_ns(self, ns: str, *, allow_shared: bool) -> None:
+        if not isinstance(ns, str) or not ns:
+            raise ValueError(f"namespace must be a non-empty str, got {ns!r}")
+        if ns.startswith(SHARED_NAMESPACE_PREFIX):
+            if not allow_shared:
+                raise ValueError(f"tenant namespaces may not start with {SHARED_NAMESPACE_PREFIX!r}: {ns!r}")
+            if ns[len(SHARED_NAMESPACE_PREFIX) :] not in self._shared:
+                raise ValueError(f"unknown shared namespace {ns!r}; declared: {sorted(self._shared)}")
+
+    def _state(self, ns: str) -> NamespaceState:
+        state = self._ns.get(ns)
+        if state is None:
+            state = self._ns[ns] = NamespaceState(ns)
+        return state
+
+    def _aligned(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        return tuple(tokens[: len(tokens) - len(tokens) % self.page_size])
+
+    def _route(self, ns: str, key: tuple[int, ...]) -> SharedPrefix | None:
+        """The longest declared shared prefix of ``key`` that ``ns`` may read (depends on config only)."""
+        reg = self._registrations.get(ns)
+        if reg is None:
+            return None
+        best: SharedPrefix | None = None
+        for decl in self._shared.values():
+            n = len(decl.tokens)
+            if n > len(key) or key[:n] != decl.tokens or not decl.readable_by(reg):
+                continue
+            if self._ns[decl.namespace].policy == "off":
+                continue
+            if best is None or n > len(best.tokens):
+                best = decl
+        return best
+
+    def _root(self, kind: Literal["private", "cont"], ns: str, shared_name: str | None) -> RootNode:
+        if kind == "private":
+            root = self._private.get(ns)
+            if root is None:
+                root = self._private[ns] = RootNode(ns, "private", None)
+            return root
+        assert shared_name is not None
+        by_ns = self._cont.setdefault(shared_name, {})
+        root = by_ns.get(ns)
+        if root is None:
+            root = by_ns[ns] = RootNode(ns, "cont", shared_name)
+        return root
+
+    def _owned_roots(self, owner: str) -> list[RootNode]:
+        if owner.startswith(SHARED_NAMESPACE_PREFIX):
+            root = self._shared_roots.get(owner[len(SHARED_NAMESPACE_PREFIX) :])
+            return [] if root is None else [root]
+        roots = [by_ns[owner] for by_ns in self._cont.values() if owner in by_ns]
+        private = self._private.get(owner)
+        return roots if private is None else [private, *roots]
+
+    def _all_roots(self) -> list[RootNode]:
+        conts = [root for by_ns in self._cont.values() for root in by_ns.values()]
+        return [*self._private.values(), *self._shared_roots.values(), *conts]
+
+    def _violation(self, ns: str, op: str, detail: str) -> None:
+        self._violations += 1
+        self._state(ns).violations += 1
+        logger.warning("isolation-violation op=%s namespace=%s %s", op, ns, detail)
+
+    def _walk(self, root: RootNode, key: Sequence[int], expected_owner: str, ns: str) -> _Walk:
+        """Follow ``key`` down from ``root``; stops at the first node not owned by ``expected_owner``."""
+        node: TreeNode = root
+        indices: list[int] = []
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(page_key(key, pos, self.page_size))
+            if child is None:
+                break
+            # SECURITY: fail closed on a foreign node: return only what was matched above it.
+            if child.owner != expected_owner or root.owner != expected_owner:
+                self._violation(ns, "match", f"expected_owner={expected_owner} found_owner={child.owner}")
+                break
+            n = common_prefix_len(child.key, key, pos, self.page_size)
+            assert n > 0, f"{n=} {pos=}"
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = self._clock
+            indices.extend(child.value)
+            node, pos = child, pos + n
+        return _Walk(node, indices)
+
+    def _store(self, root: RootNode, key: Sequence[int], values: list[int], expected_owner: str, ns: str) -> _Stored:
+        """Insert ``key -> values`` under ``root``; the new leaf is owned by ``expected_owner``."""
+        node: TreeNode = root
+        duplicates: list[int] = []
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(page_key(key, pos, self.page_size))
+            if child is None:
+                break
+            # SECURITY: never extend or split another namespace's node; store nothing further.
+            if child.owner != expected_owner or root.owner != expected_owner:
+                self._violation(ns, "insert", f"expected_owner={expected_owner} found_owner={child.owner}")
+                return _Stored(node, pos, 0, duplicates)
+            n = common_prefix_len(child.key, key, pos, self.page_size)
+            assert n > 0, f"{n=} {pos=}"
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = self._clock
+            duplicates.extend(mine for mine, cached in zip(values[pos : pos + n], child.value) if mine != cached)
+            node, pos = child, pos + n
+        # SECURITY: a slot the tree already owns must not be handed back to the caller as a duplicate,
+        # nor stored twice (it would be freed twice and reused under two owners).
+        if not self._resident.isdisjoint(duplicates):
+            self._violation(ns, "insert", "caller passed slots already owned by the cache")
+            duplicates = [i for i in duplicates if i not in self._resident]
+        if pos == len(key):
+            return _Stored(node, pos, 0, duplicates)
+        new = values[pos:]
+        if len(set(new)) != len(new) or not self._resident.isdisjoint(new):
+            self._violation(ns, "insert", "refused slots already owned by the cache")
+            return _Stored(node, pos, 0, duplicates)
+        leaf = TreeNode(expected_owner, tuple(key[pos:]), new, node)
+        leaf.last_access = self._clock
+        node.children[page_key(leaf.key, 0, self.page_size)] = leaf
+        self._resident.update(new)
+        state = self._state(expected_owner)
+        state.evictable += len(new)
+        state.inserted_tokens += len(new)
+        return _Stored(leaf, pos, len(new), duplicates)
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut ``child`` after ``n`` tokens; returns the new upper half. Owner, locks and sizes carry over."""
+        parent = child.parent
+        assert parent is not None and 0 < n < len(child.key) and n % self.page_size == 0, f"{n=} {len(child.key)=}"
+        upper = TreeNode(child.owner, child.key[:n], child.value[:n], parent)
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        upper.children[page_key(child.key, 0, self.page_size)] = child
+        parent.children[page_key(upper.key, 0, self.page_size)] = upper
+        return upper
+
+    def _check_attached(self, node: TreeNode) -> None:
+        walk: TreeNode | None = node
+        while walk is not None and not isinstance(walk, RootNode):
+            walk = walk.parent
+        live = False
+        if isinstance(walk, RootNode):
+            if walk.kind == "private":
+                live = self._private.get(walk.owner) is walk
+            elif walk.kind == "shared":
+                live = self._shared_roots.get(walk.shared_name or "") is walk
+            else:
+                live = self._cont.get(walk.shared_name or "", {}).get(walk.owner) is walk
+        if not live:
+            raise RuntimeError(f"stale or foreign handle: {node!r} is not in this tree")
+
+    def _lock_path(self, node: TreeNode, delta: Literal[1, -1]) -> None:
+        walk: TreeNode | None = node
+        while walk is not None and not isinstance(walk, RootNode):
+            state = self._ns[walk.owner]
+            size = len(walk.value)
+            if delta > 0 and walk.lock_ref == 0:
+                state.evictable, state.protected = state.evictable - size, state.protected + size
+            walk.lock_ref += delta
+            if delta < 0 and walk.lock_ref == 0:
+                state.evictable, state.protected = state.evictable + size, state.protected - size
+            walk = walk.parent
+
+    def _enforce_quota(self, ns: str, fresh: NodeHandle) -> None:
+        state = self._ns[ns]
+        if state.quota is None or state.resident <= state.quota:
+            return
+        # NOTE: lock the path just inserted, because the caller is still using those slots.
+        self.inc_lock(fresh)
+        try:
+            self._evict_lru(state.resident - state.quota, self._owned_roots(ns))
+        finally:
+            self.dec_lock(fresh)
+
+    def _is_evictable(self, node: TreeNode) -> bool:
+        parent = node.parent
+        if parent is None or isinstance(node, RootNode) or node.lock_ref > 0 or node.children:
+            return False
+        if isinstance(parent, RootNode) and parent.kind == "shared":
+            # A shared node outlives every continuation hanging off it.
+            return not any(r.children for r in self._cont.get(parent.shared_name or "", {}).values())
+        return True
+
+    def _evict_lru(self, budget: int, roots: list[RootNode] | None) -> int:
+        """Evict LRU unlocked leaves under ``roots`` (None: all) until ``budget`` tokens are freed."""
+        scope = self._all_roots() if roots is None else roots
+        in_scope = {id(r) for r in scope}
+        seq = itertools.count()
+        heap = [(n.last_access, next(seq), n, r) for r in scope for n in iter_subtree(r) if self._is_evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < budget:
+            _, _, node, root = heapq.heappop(heap)
+            if not self._is_evictable(node):
+                continue
+            freed += len(node.value)
+            for cand, cand_root in self._remove_leaf(node, root):
+                if id(cand_root) in in_scope and self._is_evictable(cand):
+                    heapq.heappush(heap, (cand.last_access, next(seq), cand, cand_root))
+        return freed
+
+    def _remove_leaf(self, node: TreeNode, root: RootNode) -> list[tuple[TreeNode, RootNode]]:
+        """Detach an evictable leaf, free its slots; returns nodes that may have become evictable."""
+        parent = node.parent
+        assert parent is not None and not node.children and node.lock_ref == 0, f"{node=}"
+        del parent.children[page_key(node.key, 0, self.page_size)]
+        node.parent = None
+        state = self._ns[node.owner]
+        state.evictable -= len(node.value)
+        state.evicted_tokens += len(node.value)
+        self._resident.difference_update(node.value)
+        self._free_fn(list(node.value))
+        if parent is not root:
+            return [(parent, root)]
+        if root.kind == "cont" and root.shared_name is not None and not parent.children:
+            shared_root = self._shared_roots[root.shared_name]
+            return [(n, shared_root) for n in shared_root.children.values()]
+        return []

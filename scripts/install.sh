@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install sglang-iso and its pinned SGLang stack into a virtualenv (default .venv).
+#
+# pip's resolver cannot install sglang on a CPU-only machine (a CUDA-only
+# dependency has no installable distribution), so the runtime set is installed
+# with --no-deps from an exact, tested list: requirements/runtime.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" --no-deps -r requirements/runtime.txt
+"${PIP[@]}" -r requirements/dev.txt
+"${PIP[@]}" --no-deps -e .
+# Smoke check: the plugin is discoverable and the CPU shims let SGLang import.
+"$VENV/bin/python" - <<'PY'
+from importlib.metadata import entry_points
+names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
+assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
+import sglang_iso.platform.bootstrap as b
+b.apply()
+import sglang.srt.mem_cache.registry  # noqa: F401
+print("sglang-iso installed")
+PY

@@ -1,0 +1,35 @@
+"""The server refuses to start rather than serve with a tree cache that is not ours."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang_iso.integration.hooks import REQUIRE_ENV
+from sglang_iso.models import tiny_model_path
+from sglang_iso.server.process import ServerProcess, ServerStartError, baseline_server_argv, free_port
+
+from .conftest import CPU_SIZES, start_iso_server
+
+pytestmark = pytest.mark.e2e
+
+
+def test_without_our_plugin_the_launcher_refuses_to_start() -> None:
+    # SGLANG_PLUGINS is SGLang's allow-list: leaving sglang_iso out means the
+    # tenant backend is never registered in the scheduler.
+    server = start_iso_server(env={"SGLANG_PLUGINS": "smg-zmq"})
+    with pytest.raises(ServerStartError) as err:
+        server.start(timeout_s=240)
+    server.stop()
+    assert "'tenant' is not registered" in str(err.value)
+
+
+def test_scheduler_check_refuses_the_default_tree_cache() -> None:
+    # Upstream's default tree cache with enforcement on: our scheduler hook must stop it.
+    port = free_port()
+    server = ServerProcess(
+        baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env={REQUIRE_ENV: "1"}
+    )
+    with pytest.raises(ServerStartError) as err:
+        server.start(timeout_s=240)
+    server.stop()
+    assert "refusing to serve unhardened" in str(err.value)

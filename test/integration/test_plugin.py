@@ -1,0 +1,50 @@
+"""The plugin registers the tenant backend and the hooks that guard it."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from types import SimpleNamespace
+
+import pytest
+from sglang.srt.mem_cache.registry import get_radix_cache_factory
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+from sglang.srt.plugins.hook_registry import HookRegistry
+
+from sglang_iso import plugin
+from sglang_iso.integration import backend, hooks
+from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
+
+
+def test_entry_point_is_installed() -> None:
+    eps = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("sglang_iso") == "sglang_iso.plugin:register"
+
+
+def test_register_is_idempotent_and_registers_everything() -> None:
+    plugin.register()
+    plugin.register()
+    assert get_radix_cache_factory("tenant") is backend.build_tenant_cache
+    for target in REQUIRED_HOOK_TARGETS:
+        assert HookRegistry._hooks[target], target
+        assert len(HookRegistry._hooks[target]) == 1, "hooks registered twice"
+
+
+def test_tenant_cache_is_a_unified_radix_cache() -> None:
+    assert issubclass(backend.TenantRadixCache, UnifiedRadixCache)
+    assert backend.TenantRadixCache.sglang_iso_backend == "tenant"
+
+
+def test_factory_refuses_when_hooks_were_not_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(HookRegistry, "_patched", set())
+    with pytest.raises(RuntimeError, match="required hooks were not applied"):
+        backend.build_tenant_cache(None)  # type: ignore[arg-type]
+
+
+def test_scheduler_check_refuses_a_foreign_tree_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler = SimpleNamespace(tree_cache=object())
+    monkeypatch.setenv(hooks.REQUIRE_ENV, "1")
+    with pytest.raises(hooks.UnhardenedCacheError, match="object"):
+        hooks.verify_scheduler_tree_cache(None, scheduler)
+    # Not enforced for a plain upstream server started from the same environment.
+    monkeypatch.delenv(hooks.REQUIRE_ENV)
+    hooks.verify_scheduler_tree_cache(None, scheduler)

@@ -1,0 +1,48 @@
+"""The CPU shims: torchvision imports, missing kernels fail loudly by name."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from sglang_iso.platform import cpu
+
+
+def test_shims_active_without_cuda() -> None:
+    assert not torch.cuda.is_available()
+    assert cpu.is_applied()
+
+
+def test_torchvision_imports_and_nms_call_names_the_op() -> None:
+    import torchvision  # noqa: F401  (raised at import before the shims)
+
+    boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    with pytest.raises(cpu.MissingKernelError, match="torchvision::nms"):
+        torch.ops.torchvision.nms(boxes, torch.tensor([1.0]), 0.5)
+
+
+@pytest.mark.parametrize("name", cpu.SGL_KERNEL_CPU_NAMES)
+def test_sgl_kernel_stub_raises_naming_the_op(name: str) -> None:
+    stub = sys.modules["sgl_kernel"]
+    with pytest.raises(cpu.MissingKernelError, match=f"sgl_kernel.{name}"):
+        getattr(stub, name)(1, 2)
+
+
+def test_stub_exposes_only_declared_names() -> None:
+    stub = sys.modules["sgl_kernel"]
+    assert not hasattr(stub, "some_cuda_only_kernel")
+    assert getattr(stub, "__sglang_iso_stub__", False)
+
+
+def test_torch_ops_sgl_kernel_stays_empty() -> None:
+    from sglang.srt.utils import cpu_has_amx_support
+
+    assert not cpu_has_amx_support()
+
+
+def test_apply_is_idempotent() -> None:
+    stub = sys.modules["sgl_kernel"]
+    assert cpu.apply()
+    assert sys.modules["sgl_kernel"] is stub

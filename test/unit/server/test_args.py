@@ -1,0 +1,77 @@
+"""The launcher's flag handling (no server started)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_iso.server.args import plan_launch
+
+
+def test_cpu_defaults_and_tenant_backend_added_without_cuda() -> None:
+    plan = plan_launch(["--model-path", "m"], cuda_available=False)
+    argv = plan.sglang_argv
+    assert argv[:2] == ["--model-path", "m"]
+    assert argv[argv.index("--radix-cache-backend") + 1] == "tenant"
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--attention-backend") + 1] == "torch_native"
+    assert "--disable-cuda-graph" in argv
+
+
+def test_gpu_gets_no_cpu_defaults() -> None:
+    plan = plan_launch(["--model-path", "m"], cuda_available=True)
+    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant"]
+
+
+def test_user_flags_win_over_defaults() -> None:
+    plan = plan_launch(
+        ["--model-path", "m", "--attention-backend=triton", "--device", "cpu", "--radix-cache-backend", "tenant"],
+        cuda_available=False,
+    )
+    assert plan.sglang_argv.count("--device") == 1
+    assert "torch_native" not in plan.sglang_argv
+    assert plan.sglang_argv.count("--radix-cache-backend") == 1
+
+
+def test_cpu_defaults_off() -> None:
+    plan = plan_launch(["--model-path", "m", "--iso-cpu-defaults", "off"], cuda_available=False)
+    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant"]
+
+
+@pytest.mark.parametrize("flag", [["--radix-cache-backend", "flexkv"], ["--radix-cache-backend=other"]])
+def test_other_backend_refused(flag: list[str]) -> None:
+    with pytest.raises(ValueError, match="not allowed"):
+        plan_launch(["--model-path", "m", *flag], cuda_available=False)
+
+
+def test_every_sglang_flag_passes_through_unchanged() -> None:
+    user = ["--model-path", "m", "--tp-size", "1", "--mem-fraction-static", "0.5", "--enable-metrics"]
+    plan = plan_launch(user, cuda_available=True)
+    assert plan.sglang_argv[: len(user)] == user
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sglang_iso.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_prints_plan() -> None:
+    out = _cli("serve", "--model-path", "m", "--iso-dry-run")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "tenant" in plan["sglang_argv"]
+
+
+def test_cli_refuses_other_backend_with_exit_2() -> None:
+    out = _cli("serve", "--model-path", "m", "--radix-cache-backend", "flexkv")
+    assert out.returncode == 2
+    assert "--radix-cache-backend" in out.stderr
+
+
+def test_cli_help_lists_both_groups() -> None:
+    out = _cli("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "sglang-iso:" in out.stdout and "--iso-cpu-defaults" in out.stdout
+    assert "--radix-cache-backend" in out.stdout and "--model-path" in out.stdout
