@@ -26,9 +26,7 @@ def test_without_our_plugin_the_launcher_refuses_to_start() -> None:
 def test_scheduler_check_refuses_the_default_tree_cache() -> None:
     # Upstream's default tree cache with enforcement on: our scheduler hook must stop it.
     port = free_port()
-    server = ServerProcess(
-        baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env={REQUIRE_ENV: "1"}
-    )
+    server = ServerProcess(baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env={REQUIRE_ENV: "1"})
     with pytest.raises(ServerStartError) as err:
         server.start(timeout_s=240)
     server.stop()

@@ -36,7 +36,7 @@ def test_required_hook_targets_resolve(target: str) -> None:
 def test_sgl_kernel_names_cover_what_sglang_imports_on_cpu() -> None:
     # Importing the modules that take names from sgl_kernel at import time on
     # CPU fails with ImportError if the stub lacks one.
-    import sglang.kernels.ops.speculative.cache_locs  # noqa: F401
-    import sglang.srt.managers.scheduler  # noqa: F401
-    import sglang.srt.mem_cache.allocation  # noqa: F401
+    import sglang.kernels.ops.speculative.cache_locs
+    import sglang.srt.managers.scheduler
+    import sglang.srt.mem_cache.allocation
     import sglang.srt.model_executor.model_runner  # noqa: F401

@@ -52,8 +52,7 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AFTER hook: verifies the live tree cache is ours before serving",
     ),
     HookedSymbol(
-        "sglang.srt.managers.scheduler_components.internal_state:"
-        "SchedulerInternalStateController.get_internal_state",
+        "sglang.srt.managers.scheduler_components.internal_state:SchedulerInternalStateController.get_internal_state",
         ("self", "recv_req"),
         "AFTER hook: reports the live tree cache in /get_server_info",
     ),

@@ -7,6 +7,7 @@ scheduler or detokenizer is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,8 +42,9 @@ class ServerProcess:
         log_path: where stdout and stderr go; a temp file if None.
     """
 
-    def __init__(self, argv: Sequence[str], port: int, *, log_path: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], port: int, *, log_path: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.argv = list(argv)
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
@@ -96,10 +98,8 @@ class ServerProcess:
                 self.proc.wait(timeout=wait_s)
                 if sig == signal.SIGTERM and pgid is not None:
                     # Children (scheduler, detokenizer) may outlive the parent.
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(pgid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                 break
             except subprocess.TimeoutExpired:
                 continue
@@ -114,8 +114,9 @@ class ServerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def post(self, path: str, payload: dict[str, Any], *, headers: dict[str, str] | None = None,
-             timeout_s: float = 120.0) -> tuple[int, Any]:
+    def post(
+        self, path: str, payload: dict[str, Any], *, headers: dict[str, str] | None = None, timeout_s: float = 120.0
+    ) -> tuple[int, Any]:
         """POST JSON; returns (status, decoded JSON or text)."""
         return request_json(self.base_url + path, payload, headers=headers, timeout_s=timeout_s)
 
@@ -129,8 +130,9 @@ class ServerProcess:
         self.stop()
 
 
-def request_json(url: str, payload: dict[str, Any] | None, *, headers: dict[str, str] | None = None,
-                 timeout_s: float = 120.0) -> tuple[int, Any]:
+def request_json(
+    url: str, payload: dict[str, Any] | None, *, headers: dict[str, str] | None = None, timeout_s: float = 120.0
+) -> tuple[int, Any]:
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST")
     req.add_header("Content-Type", "application/json")
@@ -150,16 +152,32 @@ def request_json(url: str, payload: dict[str, Any] | None, *, headers: dict[str,
 def iso_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
     """Command line for sglang-iso's launcher on ``port`` (CPU-friendly sizes)."""
     return [
-        sys.executable, "-m", "sglang_iso.launch_server",
-        "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-        "--skip-server-warmup", *extra,
+        sys.executable,
+        "-m",
+        "sglang_iso.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--skip-server-warmup",
+        *extra,
     ]
 
 
 def baseline_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
     """Command line for plain upstream SGLang (the comparison baseline) on ``port``."""
     return [
-        sys.executable, "-m", "sglang_iso.baseline_server",
-        "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-        "--skip-server-warmup", *extra,
+        sys.executable,
+        "-m",
+        "sglang_iso.baseline_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--skip-server-warmup",
+        *extra,
     ]
