@@ -34,14 +34,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     try:
-        plan = plan_launch(args, cuda_available=bootstrap.cuda_available())
-    except ValueError as exc:
+        plan = plan_launch(args, cuda_available=bootstrap.cuda_available(), env=dict(os.environ))
+        if plan.tenants_file is not None:
+            from sglang_iso.tenancy.config import load_tenants_file
+
+            config = load_tenants_file(plan.tenants_file)
+    except ValueError as exc:  # includes ConfigError, which names the file, field and line
         print(f"sglang-iso: error: {exc}", file=sys.stderr)
         return 2
     if plan.dry_run:
-        print(json.dumps({"sglang_argv": plan.sglang_argv, "added": plan.added}))
+        print(json.dumps({"sglang_argv": plan.sglang_argv, "added": plan.added, "tenants_file": plan.tenants_file}))
         return 0
     os.environ[REQUIRE_ENV] = "1"
+    if plan.tenants_file is not None:
+        from sglang_iso.integration.frontend import TENANTS_FILE_ENV
+
+        os.environ[TENANTS_FILE_ENV] = plan.tenants_file
+        logging.getLogger("sglang_iso").warning(
+            "sglang-iso: %d tenants from %s", len(config.tenants), plan.tenants_file
+        )
     if plan.added:
         logging.getLogger("sglang_iso").warning("sglang-iso: added defaults: %s", " ".join(plan.added))
     from sglang_iso.integration.server import serve

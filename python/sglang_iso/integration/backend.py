@@ -1,22 +1,16 @@
-"""The ``tenant`` radix cache backend as SGLang's scheduler sees it.
-
-``TenantRadixCache`` is what ``--radix-cache-backend tenant`` builds. At this
-stage it keeps upstream's tree core unchanged (a pass-through subclass of
-``UnifiedRadixCache``) and adds identification, so the scheduler-side check can
-prove the live tree cache is ours. The tenant-partitioned tree replaces its
-matching and insertion logic without changing how it is registered.
-"""
+"""The ``tenant`` radix cache backend factory (runs in the scheduler process)."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sglang.srt.mem_cache.registry import create_unified_radix_cache
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.plugins.hook_registry import HookRegistry
 
+from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
+from sglang_iso.integration.tenant_cache import BACKEND_NAME, TenantPolicy, TenantRadixCache
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -24,36 +18,42 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "tenant"
+__all__ = ["BACKEND_NAME", "TenantRadixCache", "build_tenant_cache"]
 
 
-class TenantRadixCache(UnifiedRadixCache):
-    """The tree cache sglang-iso serves with (registered as ``tenant``)."""
-
-    sglang_iso_backend = BACKEND_NAME
-
-    def iso_status(self) -> dict[str, Any]:
-        """A JSON-safe summary for /get_server_info and the startup check."""
-        return {
-            "backend": BACKEND_NAME,
-            "impl": type(self).__name__,
-            "page_size": int(getattr(self, "page_size", 1)),
-            "disabled": bool(getattr(self, "disable", False)),
-            "evictable_tokens": int(self.evictable_size()),
-            "protected_tokens": int(self.protected_size()),
-        }
+class UnsupportedConfigError(RuntimeError):
+    """The server configuration needs a tree cache feature the tenant cache does not have."""
 
 
 def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
-    """Factory registered under ``tenant``; runs in the scheduler process.
+    """Factory registered under ``tenant``.
 
     Raises:
-        RuntimeError: if a hook sglang-iso needs to verify this process was not
-            applied (SGLang logs and skips failing hooks; we refuse instead).
+        RuntimeError: a hook sglang-iso needs was not applied in this process
+            (SGLang logs and skips failing hooks; we refuse instead).
+        UnsupportedConfigError: hybrid (SWA/Mamba) models, hierarchical cache or
+            EAGLE speculative decoding, which the tenant tree does not cover.
     """
     missing = [t for t in REQUIRED_HOOK_TARGETS if t not in HookRegistry._patched]
     if missing:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
-    cache = create_unified_radix_cache(ctx, cache_class=TenantRadixCache)
-    logger.info("sglang-iso: tenant tree cache built (%s)", type(cache).__name__)
+    unsupported = {
+        "hybrid SWA model": ctx.is_hybrid_swa,
+        "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
+        "--enable-hierarchical-cache": ctx.enable_hierarchical_cache,
+        "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
+    }
+    found = [name for name, on in unsupported.items() if on]
+    if found:
+        raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {', '.join(found)}")
+    config = tenants_config()
+    policies: dict[str, TenantPolicy] = {}
+    if config is not None:
+        for tenant in config.tenants.values():
+            policies[tenant.group or tenant.id] = TenantPolicy(
+                quota_tokens=tenant.quota_tokens, policy=tenant.cache_policy
+            )
+    resolver = NamespaceResolver(config.secret if config is not None else None)
+    cache = TenantRadixCache(ctx.params, resolver, policies)
+    logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache

@@ -36,7 +36,7 @@ def install() -> None:
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
     """Describe a tree cache; ``is_tenant`` is True only for ours."""
-    from sglang_iso.integration.backend import TenantRadixCache
+    from sglang_iso.integration.tenant_cache import TenantRadixCache
 
     if isinstance(tree_cache, TenantRadixCache):
         return {"is_tenant": True, **tree_cache.iso_status()}

@@ -22,8 +22,26 @@ def serve(sglang_argv: list[str]) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
+    _require_frontend_hooks()
     server_args: Any = prepare_server_args(sglang_argv)
     try:
         run_server(server_args)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def _require_frontend_hooks() -> None:
+    """With a tenants file, refuse to serve if the gate or tagging hooks were not applied.
+
+    Raises:
+        RuntimeError: naming the hooks that are missing.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_iso.integration.frontend import FRONTEND_HOOK_TARGETS, TENANTS_FILE_ENV
+
+    if not os.environ.get(TENANTS_FILE_ENV):
+        return
+    missing = [t for t in FRONTEND_HOOK_TARGETS if t not in HookRegistry._patched]
+    if missing:
+        raise RuntimeError(f"sglang-iso: tenant front-end hooks were not applied: {missing}; refusing to serve")

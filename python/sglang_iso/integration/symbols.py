@@ -32,19 +32,59 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "idempotent registration across repeated plugin loads",
     ),
     HookedSymbol(
-        "sglang.srt.mem_cache.registry:create_unified_radix_cache",
-        ("ctx", "cache_class"),
-        "builds the tenant cache with upstream's component wiring",
-    ),
-    HookedSymbol(
         "sglang.srt.mem_cache.registry:TreeCacheBuildContext",
-        ("server_args", "params", "model_config", "tp_worker"),
+        ("server_args", "params", "is_hybrid_swa", "is_hybrid_ssm", "enable_hierarchical_cache"),
         "the argument our factory receives",
     ),
     HookedSymbol(
-        "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
-        ("self", "params"),
-        "base class of the tenant cache",
+        "sglang.srt.mem_cache.cache_init_params:CacheInitParams",
+        ("disable", "req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "enable_metrics", "is_eagle"),
+        "what the tenant cache is built from",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.checkpoint",
+        ("self", "req", "up_to"),
+        "the scheduler inserts a request's KV through it",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.dec_lock_ref",
+        ("self", "node", "params"),
+        "lock release signature",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.lock",
+        ("self", "node"),
+        "inherited: wraps inc_lock_ref into a TreeLock",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.free_kv_row",
+        ("self", "kv", "ranges"),
+        "inherited: request release frees the row's own slots through the allocator",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
+        ("key", "req"),
+        "match_prefix argument",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:InsertParams",
+        ("key", "value", "priority"),
+        "insert argument",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
+        ("device_prefix_len", "last_device_node", "last_host_node", "best_match_node"),
+        "match_prefix result",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.radix_cache:RadixKey.__init__",
+        ("self", "token_ids", "extra_key", "cache_salt"),
+        "the key the scheduler matches with; its extra_key carries the namespace tag",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.free",
+        ("self", "free_index"),
+        "the single release path of tree slots",
     ),
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.__init__",

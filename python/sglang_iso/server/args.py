@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 TENANT_BACKEND = "tenant"
@@ -29,6 +30,7 @@ class LaunchPlan(NamedTuple):
     sglang_argv: list[str]  # passed unchanged to SGLang's own parser
     added: list[str]  # the defaults sglang-iso filled in (for the startup log)
     dry_run: bool
+    tenants_file: str | None  # absolute path, validated by the caller
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,12 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "off"],
         default="auto",
         help="auto: without CUDA, add the CPU flags that serve unless given (default); off: add none.",
+    )
+    group.add_argument(
+        "--tenants-file",
+        default=None,
+        metavar="PATH",
+        help="TOML file of tenants, keys and cache policies; enables per-tenant authentication and isolation.",
     )
     group.add_argument(
         "--iso-dry-run",
@@ -53,12 +61,13 @@ def iso_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plan_launch(argv: Sequence[str], *, cuda_available: bool) -> LaunchPlan:
+def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str] | None = None) -> LaunchPlan:
     """Split ``argv`` into our flags and SGLang's, and add the defaults.
 
     Raises:
-        ValueError: ``--radix-cache-backend`` names another backend; sglang-iso
-            never serves with a tree cache that is not the tenant cache.
+        ValueError: ``--radix-cache-backend`` names another backend (sglang-iso
+            never serves with a tree cache that is not the tenant cache), or a
+            flag or environment variable would bypass the tenant gate.
     """
     ours, rest = iso_parser().parse_known_args(list(argv))
     sglang_argv = list(rest)
@@ -81,7 +90,44 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool) -> LaunchPlan:
             extra = [flag] if value is None else [flag, value]
             sglang_argv += extra
             added += extra
-    return LaunchPlan(sglang_argv=sglang_argv, added=added, dry_run=ours.iso_dry_run)
+    if ours.tenants_file is not None:
+        _refuse_bypasses(sglang_argv, env or {})
+        if not has_flag(sglang_argv, "--skip-server-warmup"):
+            # NOTE: SGLang's warmup requests carry no tenant key, so the gate would refuse them.
+            sglang_argv.append("--skip-server-warmup")
+            added.append("--skip-server-warmup")
+    return LaunchPlan(
+        sglang_argv=sglang_argv,
+        added=added,
+        dry_run=ours.iso_dry_run,
+        tenants_file=str(Path(ours.tenants_file).resolve()) if ours.tenants_file else None,
+    )
+
+
+# Flags whose requests skip the tenant gate or the tokenizer manager's tagging.
+_BYPASS_FLAGS: dict[str, str] = {
+    "--grpc-port": "the native gRPC front end skips the HTTP tenant gate",
+    "--smg-grpc-mode": "the gRPC front end skips the HTTP tenant gate",
+    "--grpc-mode": "the gRPC front end skips the HTTP tenant gate",
+    "--api-key": "tenant keys replace the shared API key",
+    "--admin-api-key": "admin keys are listed in the tenants file (admin_key_sha256)",
+}
+_BYPASS_ENV: dict[str, str] = {
+    "SGLANG_RUST_SERVER": "the Rust front end skips the tokenizer manager",
+    "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "header overrides let clients change scheduling fields",
+}
+
+
+def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
+    for flag, why in _BYPASS_FLAGS.items():
+        if has_flag(argv, flag):
+            raise ValueError(f"{flag} cannot be used with --tenants-file: {why}")
+    workers = _flag_value(argv, "--tokenizer-worker-num")
+    if workers is not None and workers != "1":
+        raise ValueError("--tokenizer-worker-num must be 1 with --tenants-file: other workers skip the tenant gate")
+    for name, why in _BYPASS_ENV.items():
+        if env.get(name, "").lower() in ("1", "true", "yes"):
+            raise ValueError(f"environment variable {name} cannot be set with --tenants-file: {why}")
 
 
 def has_flag(argv: Sequence[str], flag: str) -> bool:

@@ -75,3 +75,19 @@ def test_cli_help_lists_both_groups() -> None:
     assert out.returncode == 0, out.stderr
     assert "sglang-iso:" in out.stdout and "--iso-cpu-defaults" in out.stdout
     assert "--radix-cache-backend" in out.stdout and "--model-path" in out.stdout
+
+
+def test_tenants_file_skips_warmup_and_refuses_shared_keys() -> None:
+    plan = plan_launch(["--model-path", "m", "--tenants-file", "t.toml"], cuda_available=True)
+    assert plan.tenants_file is not None and plan.tenants_file.endswith("t.toml")
+    assert "--skip-server-warmup" in plan.added
+    for flag in (["--api-key", "k"], ["--admin-api-key", "k"], ["--grpc-port", "1"], ["--tokenizer-worker-num", "4"]):
+        with pytest.raises(ValueError, match="--tenants-file"):
+            plan_launch(["--model-path", "m", "--tenants-file", "t.toml", *flag], cuda_available=True)
+    with pytest.raises(ValueError, match="SGLANG_RUST_SERVER"):
+        plan_launch(["--model-path", "m", "--tenants-file", "t.toml"], cuda_available=True, env={"SGLANG_RUST_SERVER": "1"})
+
+
+def test_without_tenants_file_shared_keys_pass_through() -> None:
+    plan = plan_launch(["--model-path", "m", "--api-key", "k"], cuda_available=True)
+    assert plan.tenants_file is None and "--api-key" in plan.sglang_argv

@@ -1,0 +1,95 @@
+"""Which tree namespace a request's cache key belongs to, decided in the scheduler.
+
+Two modes:
+
+* ``tenants`` (a namespace secret is configured): the front end writes a tag
+  into the request's ``extra_key``. The tag names the tenant and its namespace
+  id and carries an HMAC-SHA-256 over both under the server's secret, so the
+  scheduler can verify it without trusting how the request arrived. A key with
+  no tag, a malformed tag or a bad MAC resolves to no namespace: the request is
+  served without any prefix sharing, and the event is counted and logged.
+* ``open`` (no secret: a single trust domain): the namespace is a hash of an
+  unambiguous encoding of ``(extra_key, cache_salt)``, so ``"a"+"bc"`` and
+  ``"ab"+"c"`` can never meet, but the client chooses its namespace.
+
+Tag layout (ASCII, ``.``-separated; tenant ids never contain ``.``)::
+
+    iso1.<tenant>.<namespace id, 64 hex>.<mac, 64 hex>
+    mac = HMAC-SHA-256(secret, "sglang-iso/ns-tag/v1" 0x00 tenant 0x00 namespace_id)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+
+logger = logging.getLogger(__name__)
+
+TAG_VERSION = "iso1"
+_MAC_DOMAIN = b"sglang-iso/ns-tag/v1"
+_TAG_RE = re.compile(r"iso1\.([a-z0-9][a-z0-9-]{0,63})\.([0-9a-f]{64})\.([0-9a-f]{64})")
+MIN_SECRET_BYTES = 32
+
+
+def _mac(secret: bytes, tenant: str, namespace_id: str) -> str:
+    msg = _MAC_DOMAIN + b"\x00" + tenant.encode() + b"\x00" + namespace_id.encode()
+    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+
+
+def make_tag(secret: bytes, tenant: str, namespace_id: str) -> str:
+    """The ``extra_key`` the front end sets for ``tenant``'s namespace ``namespace_id``."""
+    return f"{TAG_VERSION}.{tenant}.{namespace_id}.{_mac(secret, tenant, namespace_id)}"
+
+
+def _frame(*fields: str | None) -> bytes:
+    out = bytearray(b"sglang-iso/open-ns/v1")
+    for f in fields:
+        if f is None:
+            out += b"\x00"
+        else:
+            data = f.encode()
+            out += b"\x01" + len(data).to_bytes(8, "big") + data
+    return bytes(out)
+
+
+class NamespaceResolver:
+    """Maps a key's ``(extra_key, cache_salt)`` to a tree namespace, or None (no sharing)."""
+
+    def __init__(self, secret: bytes | None) -> None:
+        """Raises:
+        ValueError: a secret shorter than ``MIN_SECRET_BYTES``.
+        """
+        if secret is not None and len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"namespace secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        self._secret = secret
+        self.rejected_tags = 0
+
+    @property
+    def mode(self) -> str:
+        return "open" if self._secret is None else "tenants"
+
+    def resolve(self, extra_key: str | None, cache_salt: str | None) -> str | None:
+        if self._secret is None:
+            return "open:" + hashlib.blake2b(_frame(extra_key, cache_salt), digest_size=16).hexdigest()
+        match = _TAG_RE.fullmatch(extra_key or "")
+        if match is None:
+            self._reject("missing or malformed namespace tag")
+            return None
+        tenant, namespace_id, mac = match.groups()
+        if not hmac.compare_digest(mac, _mac(self._secret, tenant, namespace_id)):
+            self._reject(f"bad namespace tag MAC for tenant {tenant!r}")
+            return None
+        return f"t:{tenant}:{namespace_id}"
+
+    @staticmethod
+    def tenant_of(namespace: str) -> str | None:
+        """The tenant id of a ``tenants``-mode namespace."""
+        parts = namespace.split(":")
+        return parts[1] if len(parts) == 3 and parts[0] == "t" else None
+
+    def _reject(self, why: str) -> None:
+        # SECURITY: fail closed; the request is served, but shares nothing.
+        self.rejected_tags += 1
+        logger.warning("sglang-iso isolation-violation: %s; serving without prefix sharing", why)

@@ -1,0 +1,98 @@
+"""Front-end hooks (HTTP/tokenizer-manager process): the tenant gate and namespace tags.
+
+Active only when the launcher passed a tenants file (``TENANTS_FILE_ENV``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_iso.server.gate import STATE_TENANT, TenantGate
+from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
+from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
+from sglang_iso.tenancy.keys import KeyIndex
+
+logger = logging.getLogger(__name__)
+
+TENANTS_FILE_ENV = "SGLANG_ISO_TENANTS_FILE"
+
+_GATE_TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
+_TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET)
+
+_tagger: NamespaceTagger | None = None
+
+
+def install() -> None:
+    """Register the front-end hooks (every process; they only act in the HTTP process)."""
+    HookRegistry.register(_GATE_TARGET, install_gate, HookType.BEFORE)
+    HookRegistry.register(_TAG_TARGET, tag_request, HookType.BEFORE)
+
+
+def tenants_config() -> TenantsConfig | None:
+    path = os.environ.get(TENANTS_FILE_ENV)
+    return load_tenants_file(path) if path else None
+
+
+def install_gate(*args: Any, **kwargs: Any) -> None:
+    """BEFORE ``_setup_and_run_http_server``: put the tenant gate in front of SGLang's app.
+
+    Raises:
+        RuntimeError: the gate could not be installed while a tenants file is set.
+    """
+    global _tagger
+    config = tenants_config()
+    if config is None:
+        return
+    from sglang.srt.entrypoints import http_server
+
+    http_server.app.add_middleware(TenantGate, keys=KeyIndex(config))
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    _tagger = _make_tagger(config, server_args)
+    logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
+
+
+def _make_tagger(config: TenantsConfig, server_args: Any) -> NamespaceTagger:
+    model_path = getattr(server_args, "model_path", None)
+    tokenizer_path = getattr(server_args, "tokenizer_path", None) or model_path
+    model_fp = fingerprint_dir(model_path, "config.json", "model.safetensors", "model.safetensors.index.json")
+    revision = getattr(server_args, "revision", None)
+    if revision:
+        model_fp = f"{model_fp}@{revision}"
+    return NamespaceTagger(
+        config,
+        model_fingerprint=model_fp,
+        tokenizer_fingerprint=fingerprint_dir(tokenizer_path, "tokenizer.json", "tokenizer_config.json"),
+        kv_dtype=str(getattr(server_args, "kv_cache_dtype", None) or "auto"),
+        page_size=int(getattr(server_args, "page_size", None) or 1),
+    )
+
+
+def tag_request(_manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``TokenizerManager.generate_request``: overwrite the namespace with the server's tag.
+
+    A request without an authenticated tenant (an internal or unexpected path)
+    gets no tag, so the scheduler serves it without any prefix sharing.
+    """
+    if os.environ.get(TENANTS_FILE_ENV) is None:
+        return
+    request = kwargs.get("request", request)
+    state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
+    tagger = _tagger
+    tag = None
+    if isinstance(state, str) and tagger is not None:
+        salt = getattr(obj, "cache_salt", None)
+        lora = getattr(obj, "lora_path", None)
+        tag = tagger.tag(
+            state,
+            cache_salt=salt if isinstance(salt, str) else None,
+            adapter=lora if isinstance(lora, str) else None,
+        )
+    if hasattr(obj, "extra_key"):
+        obj.extra_key = tag
+    if hasattr(obj, "cache_salt"):
+        obj.cache_salt = None

@@ -1,0 +1,275 @@
+"""``TenantRadixCache``: the tenant-partitioned tree as SGLang's scheduler sees it.
+
+SGLang calls a tree cache with ``RadixKey``s, torch index tensors and requests;
+:class:`sglang_iso.cache.TenantRadixTree` knows only namespaces, token lists and
+slot ints. This adapter translates between the two and adds nothing to the
+isolation logic, which lives in the pure tree:
+
+* the namespace of a key comes from :class:`NamespaceResolver` (never from raw
+  client strings); a key that resolves to no namespace gets no sharing at all;
+* every slot that leaves the tree goes through :meth:`TenantRadixCache._release_slots`,
+  the single hand-over point to the allocator (where page scrubbing plugs in).
+
+Request lifecycle (page_size p; ``protected`` = ``req.kv.cache_protected_len``)::
+
+    row:  [0 ...... protected) [protected ...... up_to)
+          tree's slots (locked) request's own slots
+    checkpoint: insert [0, up_to) -> tree keeps what it already had (the request's
+    duplicates are freed), stores the rest, the row is repointed to the tree's
+    slots and ``protected`` advances to what the tree now holds for this key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from sglang.srt.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    DecLockRefParams,
+    DecLockRefResult,
+    EvictParams,
+    EvictResult,
+    IncLockRefResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
+from sglang.srt.mem_cache.radix_cache import RadixKey
+
+from sglang_iso.cache import NodeHandle, Policy, TenantRadixTree
+from sglang_iso.identity.tags import NamespaceResolver
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "tenant"
+
+
+class TenantPolicy(NamedTuple):
+    """Cache settings of one namespace owner (a tenant, or a cache group)."""
+
+    quota_tokens: int | None  # cap on resident tokens per namespace; None = unlimited
+    policy: Policy  # "private" or "off"
+
+
+class IsoNode:
+    """What the scheduler holds as ``req.last_node``: a tree handle plus its path's slots.
+
+    ``indices`` are only valid while the handle is locked (as upstream's contract
+    for ``path_device_indices``).
+    """
+
+    __slots__ = ("handle", "indices", "namespace")
+
+    def __init__(self, handle: NodeHandle, indices: torch.Tensor, namespace: str | None) -> None:
+        self.handle = handle
+        self.indices = indices
+        self.namespace = namespace
+
+
+class TenantRadixCache(BasePrefixCache):
+    """The tree cache sglang-iso serves with (registered as ``tenant``)."""
+
+    sglang_iso_backend = BACKEND_NAME
+
+    def __init__(
+        self,
+        params: CacheInitParams,
+        resolver: NamespaceResolver,
+        policies: dict[str, TenantPolicy] | None = None,
+    ) -> None:
+        self.disable = bool(params.disable)
+        self.req_to_token_pool = params.req_to_token_pool
+        self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
+        self.page_size = int(params.page_size)
+        self.resolver = resolver
+        allocator = self.token_to_kv_pool_allocator
+        dev = getattr(allocator, "device", "cpu") if allocator is not None else "cpu"
+        self.device = torch.device(dev) if isinstance(dev, str | torch.device) else torch.device("cpu")
+        if params.enable_metrics:
+            self.init_metrics_collector()
+        self.unresolved_requests = 0  # keys that resolved to no namespace (served without sharing)
+        self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
+        self._configured: set[str] = set()
+        self.tree = TenantRadixTree(self.page_size, self._release_slots)
+        self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
+        self.root_node = IsoNode(NodeHandle(()), self._empty_indices, None)
+
+    # ------------------------------------------------------------------------------------------ scheduler API
+
+    def reset(self) -> None:
+        """Drop every entry (their slots go back through the release path)."""
+        self.tree.reset()
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """Longest cached prefix of ``params.key`` in the key's own namespace."""
+        key = params.key
+        ns = self._namespace(key)
+        if self.disable or ns is None or len(key) < self.page_size:
+            return self._miss()
+        found = self.tree.match(ns, key.token_ids[: len(key)])
+        if found.prefix_len == 0:
+            return self._miss()
+        node = IsoNode(found.last_node, self._tensor(found.indices), ns)
+        return MatchResult(
+            device_prefix_len=found.prefix_len,
+            last_device_node=node,
+            last_host_node=node,
+            best_match_node=node,
+        )
+
+    def touch_prefix(self, key: RadixKey) -> None:
+        ns = self._namespace(key)
+        if not self.disable and ns is not None and len(key) >= self.page_size:
+            self.tree.match(ns, key.token_ids[: len(key)])
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """Store ``params.value`` for ``params.key``; the caller frees its duplicates.
+
+        Returns the cached prefix length, as upstream does. Use :meth:`checkpoint`
+        for requests: it also frees duplicates and repoints the request's row.
+        """
+        key = params.key
+        ns = self._namespace(key) if key is not None else None
+        if self.disable or ns is None or key is None or params.value is None:
+            return InsertResult(prefix_len=0)
+        n = len(key) - len(key) % self.page_size
+        result = self.tree.insert(ns, key.token_ids[:n], params.value[:n].tolist())
+        return InsertResult(prefix_len=result.prefix_len)
+
+    def checkpoint(self, req: Req, *, up_to: int, **_kwargs: Any) -> None:
+        """Insert the request's KV ``[0, up_to)`` and re-anchor its lock (see module doc)."""
+        if self.disable:
+            return
+        token_ids = req.full_untruncated_fill_ids[:up_to]
+        key = RadixKey(token_ids, req.extra_key, cache_salt=req.cache_salt)
+        ns = self._namespace(key)
+        if ns is None:
+            return
+        n = len(token_ids) - len(token_ids) % self.page_size
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        values = row[:n].to(dtype=torch.int64, copy=True)
+        result = self.tree.insert(ns, list(token_ids[:n]), values.tolist())
+        if result.duplicate_indices:
+            # The request's own slots for tokens the tree already held: not tree slots.
+            self.token_to_kv_pool_allocator.free(self._tensor(result.duplicate_indices))
+        req.kv.cache_inserted_len = max(req.kv.cache_inserted_len, result.stored_len)
+
+        found = self.tree.match(ns, list(token_ids[: result.stored_len]))
+        protected = req.kv.cache_protected_len
+        stored = found.prefix_len
+        if stored > protected:
+            self.req_to_token_pool.write(
+                (req.kv.req_pool_idx, slice(protected, stored)),
+                self._tensor(found.indices[protected:stored]).to(row.dtype),
+            )
+        # Slots in [stored, up_to) stay with the request and are freed at release.
+        req.kv.cache_protected_len = max(protected, stored)
+        new_node = IsoNode(found.last_node, self._tensor(found.indices), ns) if stored else self.root_node
+        self.unlock(req.lock)
+        req.lock = self.lock(new_node)
+        req.last_node = new_node
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        if self.disable or params.num_tokens <= 0:
+            return EvictResult()
+        return EvictResult(num_tokens_evicted=self.tree.evict(params.num_tokens))
+
+    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
+        if self.disable or not isinstance(node, IsoNode) or node.handle.is_empty:
+            return IncLockRefResult(delta=0)
+        before = self.tree.evictable_size()
+        self.tree.inc_lock(node.handle)
+        return IncLockRefResult(delta=self.tree.evictable_size() - before)
+
+    def dec_lock_ref(self, node: Any, params: DecLockRefParams | None = None) -> DecLockRefResult:
+        if self.disable or not isinstance(node, IsoNode) or node.handle.is_empty:
+            return DecLockRefResult(delta=0)
+        before = self.tree.evictable_size()
+        self.tree.dec_lock(node.handle)
+        return DecLockRefResult(delta=self.tree.evictable_size() - before)
+
+    def path_device_indices(self, node: Any) -> torch.Tensor:
+        return node.indices if isinstance(node, IsoNode) else self._empty_indices
+
+    def root_node_handle(self, extra_key: str | None = None) -> Any:
+        return self.root_node
+
+    def dfs_weight_order(self, node_handles: Any) -> list[int]:
+        # Scheduling order only; namespaces are disjoint trees, so keep arrival order.
+        return list(range(len(node_handles)))
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
+
+    def evictable_size(self) -> int:
+        return self.tree.evictable_size()
+
+    def protected_size(self) -> int:
+        return self.tree.protected_size()
+
+    def total_size(self) -> int:
+        return self.tree.total_size()
+
+    def pretty_print(self) -> None:
+        print(f"TenantRadixCache: {self.iso_status()}")
+
+    def take_events(self) -> list[Any]:
+        return []
+
+    # ------------------------------------------------------------------------------------------ sglang-iso API
+
+    def iso_status(self) -> dict[str, Any]:
+        """A JSON-safe summary for /get_server_info and the startup check."""
+        return {
+            "backend": BACKEND_NAME,
+            "impl": type(self).__name__,
+            "page_size": self.page_size,
+            "disabled": self.disable,
+            "namespace_mode": self.resolver.mode,
+            "evictable_tokens": self.evictable_size(),
+            "protected_tokens": self.protected_size(),
+            "violations": self.tree.violations,
+            "unresolved_requests": self.unresolved_requests,
+        }
+
+    # ------------------------------------------------------------------------------------------ private
+
+    def _release_slots(self, slots: list[int]) -> None:
+        """The only path by which slots leave the tree for the allocator."""
+        if slots:
+            self.token_to_kv_pool_allocator.free(self._tensor(slots))
+
+    def _namespace(self, key: RadixKey) -> str | None:
+        ns = self.resolver.resolve(key.extra_key, key.cache_salt)
+        if ns is None:
+            self.unresolved_requests += 1
+        elif ns not in self._configured:
+            self._configure(ns)
+        return ns
+
+    def _configure(self, ns: str) -> None:
+        owner = self.resolver.tenant_of(ns)
+        self.tree.register_namespace(ns, tenant_id=owner or "open", scope="model")
+        settings = self.policies.get(owner) if owner is not None else None
+        if settings is not None:
+            self.tree.set_quota(ns, settings.quota_tokens)
+            self.tree.set_policy(ns, settings.policy)
+        self._configured.add(ns)
+
+    def _tensor(self, values: Any) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=torch.int64, device=self.device)
+
+    def _miss(self) -> MatchResult:
+        return MatchResult(
+            device_prefix_len=0,
+            last_device_node=self.root_node,
+            last_host_node=self.root_node,
+            best_match_node=self.root_node,
+        )

@@ -1,0 +1,298 @@
+"""The tenants file (``--tenants-file PATH``): principals, their API keys, cache policy and shared prefixes.
+
+Format (TOML)::
+
+    namespace_secret_file = "secret.key"   # or namespace_secret_env = "SGLANG_ISO_SECRET"
+    admin_key_sha256 = ["<sha256 hex of an admin key>"]        # optional
+
+    [[tenants]]                              # at least one
+    id = "acme"                              # [a-z0-9][a-z0-9-]{0,63}
+    key_sha256 = ["<sha256 hex of an API key>"]                # at least one
+    quota_tokens = 200000                    # optional positive int: resident cached tokens
+    cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
+
+    [[shared_prefixes]]                      # optional
+    name = "support-bot-v1"
+    text = "You are ..."                     # or messages = [{role = "system", content = "..."}]
+    tenants = ["acme", "globex"]             # or ["*"]
+
+``namespace_secret_file`` is resolved relative to the tenants file's folder; see
+:mod:`sglang_iso.tenancy.secret` for the accepted encodings (hex, base64, raw).
+Every key hash maps to exactly one principal (a tenant or the admin role).
+Loading validates everything and returns immutable objects; nothing is cached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sglang_iso.identity import TENANT_ID_PATTERN
+from sglang_iso.tenancy._locate import LineLocator
+from sglang_iso.tenancy._validate import KEY_HASH_PATTERN, Validator
+from sglang_iso.tenancy.errors import ConfigError
+from sglang_iso.tenancy.secret import SecretError, read_secret_env, read_secret_file
+
+__all__ = [
+    "ALL_TENANTS",
+    "GROUP_NAME_PATTERN",
+    "KEY_HASH_PATTERN",
+    "SHARED_PREFIX_NAME_PATTERN",
+    "AllTenants",
+    "CachePolicy",
+    "ConfigError",
+    "PrefixMessage",
+    "SharedPrefix",
+    "Tenant",
+    "TenantsConfig",
+    "is_valid_tenant_id",
+    "load_tenants_file",
+]
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the project's CI runs 3.11+
+    import tomli as tomllib
+
+CachePolicy = Literal["private", "off"]
+"""``private``: the tenant's (or its group's) own namespace; ``off``: never read or write the cache."""
+
+AllTenants = Literal["*"]
+ALL_TENANTS: AllTenants = "*"
+"""Reader list of a shared prefix that every tenant may use."""
+
+GROUP_NAME_PATTERN = TENANT_ID_PATTERN
+"""Names after ``group:`` follow the tenant id rule."""
+
+SHARED_PREFIX_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Shared prefix names: letters, digits, ``.``, ``_``, ``-``; 1-128 chars."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One tenant. Immutable; built only by :func:`load_tenants_file`."""
+
+    id: str
+    """Tenant id, matches ``TENANT_ID_PATTERN``; the cache identity's ``tenant_id``."""
+    key_hashes: frozenset[str]
+    """SHA-256 hex digests of the tenant's API keys (non-empty)."""
+    quota_tokens: int | None
+    """Cap on this tenant's resident cached tokens (positive); ``None`` = no per-tenant cap."""
+    cache_policy: CachePolicy
+    """Whether the tenant uses the prefix cache at all (``group:`` entries parse to ``private``)."""
+    group: str | None
+    """Cache-sharing group: tenants with the same group read each other's entries; ``None`` = alone."""
+
+
+@dataclass(frozen=True)
+class PrefixMessage:
+    """One chat message of a shared prefix given as ``messages``."""
+
+    role: str
+    """Chat role (non-empty), e.g. ``system``."""
+    content: str
+    """Message text."""
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """An operator-provided prefix cached once and readable by the listed tenants. Immutable."""
+
+    name: str
+    """Unique name, matches ``SHARED_PREFIX_NAME_PATTERN``."""
+    text: str | None
+    """Raw prompt text; exactly one of ``text`` and ``messages`` is set."""
+    messages: tuple[PrefixMessage, ...] | None
+    """Chat messages rendered with the model's template; exactly one of ``text`` and ``messages`` is set."""
+    tenants: frozenset[str] | AllTenants
+    """Tenant ids allowed to read it (all defined in the file), or ``"*"`` for every tenant."""
+
+
+@dataclass(frozen=True)
+class TenantsConfig:
+    """A validated tenants file. Immutable; reload by calling :func:`load_tenants_file` again."""
+
+    secret: bytes
+    """Namespace HMAC key (>= 32 bytes). Never log it."""
+    admin_key_hashes: frozenset[str]
+    """SHA-256 hex digests of admin keys (may be empty: no admin access)."""
+    tenants: dict[str, Tenant]
+    """Tenant id -> tenant, in file order. Shared by every reader of this config: never mutate it."""
+    shared_prefixes: tuple[SharedPrefix, ...]
+    """Shared prefixes in file order."""
+    source: Path
+    """The file this was loaded from."""
+
+    def __repr__(self) -> str:
+        # NOTE: redact the secret, because reprs end up in logs and tracebacks.
+        return (
+            f"TenantsConfig(source={str(self.source)!r}, tenants={list(self.tenants)!r}, "
+            f"admin_keys={len(self.admin_key_hashes)}, shared_prefixes={len(self.shared_prefixes)}, secret=<redacted>)"
+        )
+
+
+_TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
+_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache")
+_PREFIX_FIELDS = ("name", "text", "messages", "tenants")
+_MESSAGE_FIELDS = ("role", "content")
+
+
+def is_valid_tenant_id(tenant_id: object) -> bool:
+    """True if ``tenant_id`` is a str fully matching ``TENANT_ID_PATTERN``."""
+    return isinstance(tenant_id, str) and TENANT_ID_PATTERN.fullmatch(tenant_id) is not None
+
+
+def load_tenants_file(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> TenantsConfig:
+    """Read, parse and validate a tenants file.
+
+    ``environ`` (default ``os.environ``) is where ``namespace_secret_env`` is looked up.
+    Reads the tenants file and the secret file; mutates nothing.
+
+    Raises:
+        ConfigError: for any problem, naming the file, the field and (best effort) the line.
+    """
+    source = Path(path)
+    try:
+        text = source.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(source, None, f"cannot read tenants file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, None, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, None, f"TOML syntax error: {exc}", _syntax_error_line(exc, text)) from None
+    return _build(Validator(source, LineLocator(text)), data, os.environ if environ is None else environ)
+
+
+def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) -> TenantsConfig:
+    v.no_unknown_fields(data, _TOP_FIELDS, "", None)
+    owners: dict[str, str] = {}
+    admin_hashes = v.key_hashes(data, "admin_key_sha256", "admin_key_sha256", None, owners, required=False)
+    tenants: dict[str, Tenant] = {}
+    for index, (table, section) in enumerate(v.tables(data, "tenants", "tenants", None, required=True)):
+        tenant = _tenant(v, table, f"tenants[{index}]", section, owners)
+        if tenant.id in tenants:
+            v.fail(f"tenants[{index}].id", f"duplicate tenant id {tenant.id!r}", section, "id")
+        tenants[tenant.id] = tenant
+    prefixes: list[SharedPrefix] = []
+    for index, (table, section) in enumerate(v.tables(data, "shared_prefixes", "shared_prefixes", None)):
+        prefix = _shared_prefix(v, table, f"shared_prefixes[{index}]", section, tenants)
+        if any(prefix.name == other.name for other in prefixes):
+            v.fail(f"shared_prefixes[{index}].name", f"duplicate shared prefix name {prefix.name!r}", section, "name")
+        prefixes.append(prefix)
+    secret = _secret(v, data, environ)
+    return TenantsConfig(secret, frozenset(admin_hashes), tenants, tuple(prefixes), v.source)
+
+
+def _tenant(
+    v: Validator, table: dict[str, object], field: str, section: tuple[str, int], owners: dict[str, str]
+) -> Tenant:
+    v.no_unknown_fields(table, _TENANT_FIELDS, field + ".", section)
+    tenant_id = v.string(table, "id", f"{field}.id", section)
+    if not is_valid_tenant_id(tenant_id):
+        v.fail(f"{field}.id", f"invalid tenant id {tenant_id!r}; must match {TENANT_ID_PATTERN.pattern}", section, "id")
+    hashes = v.key_hashes(table, "key_sha256", f"{field}.key_sha256", section, owners, required=True)
+    quota = v.optional_positive_int(table, "quota_tokens", f"{field}.quota_tokens", section)
+    policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
+    policy: CachePolicy
+    group: str | None = None
+    if policy_text in ("private", "off"):
+        policy = "private" if policy_text == "private" else "off"
+    elif policy_text.startswith("group:") and GROUP_NAME_PATTERN.fullmatch(policy_text[len("group:") :]):
+        policy, group = "private", policy_text[len("group:") :]
+    else:
+        v.fail(
+            f"{field}.cache",
+            f'invalid cache policy {policy_text!r}; valid: "private", "off", "group:<name>" '
+            f"(name must match {GROUP_NAME_PATTERN.pattern})",
+            section,
+            "cache",
+        )
+    return Tenant(tenant_id, frozenset(hashes), quota, policy, group)
+
+
+def _shared_prefix(
+    v: Validator, table: dict[str, object], field: str, section: tuple[str, int], tenants: Mapping[str, Tenant]
+) -> SharedPrefix:
+    v.no_unknown_fields(table, _PREFIX_FIELDS, field + ".", section)
+    name = v.string(table, "name", f"{field}.name", section)
+    if not SHARED_PREFIX_NAME_PATTERN.fullmatch(name):
+        v.fail(
+            f"{field}.name", f"invalid name {name!r}; must match {SHARED_PREFIX_NAME_PATTERN.pattern}", section, "name"
+        )
+    if ("text" in table) == ("messages" in table):
+        both = "both" if "text" in table else "neither"
+        v.fail(f"{field}.text", f"exactly one of text and messages is required, got {both}", section, None)
+    text: str | None = None
+    messages: tuple[PrefixMessage, ...] | None = None
+    if "text" in table:
+        text = v.string(table, "text", f"{field}.text", section)
+        if not text:
+            v.fail(f"{field}.text", "must not be empty", section, "text")
+    else:
+        items = []
+        for index, (entry, _) in enumerate(v.tables(table, "messages", f"{field}.messages", section, required=True)):
+            entry_field = f"{field}.messages[{index}]"
+            v.no_unknown_fields(entry, _MESSAGE_FIELDS, entry_field + ".", section, anchor="messages")
+            role = v.string(entry, "role", f"{entry_field}.role", section, anchor="messages")
+            if not role:
+                v.fail(f"{entry_field}.role", "must not be empty", section, "messages")
+            content = v.string(entry, "content", f"{entry_field}.content", section, anchor="messages")
+            items.append(PrefixMessage(role, content))
+        messages = tuple(items)
+    readers = v.string_list(table, "tenants", f"{field}.tenants", section)
+    if not readers:
+        v.fail(f"{field}.tenants", 'must list at least one tenant id, or be ["*"]', section, "tenants")
+    allowed: frozenset[str] | AllTenants = ALL_TENANTS
+    if readers != [ALL_TENANTS]:
+        for index, reader in enumerate(readers):
+            where = f"{field}.tenants[{index}]"
+            if reader == ALL_TENANTS:
+                v.fail(where, '"*" must be the only entry when used', section, "tenants", '"*"')
+            if reader not in tenants:
+                v.fail(where, f"unknown tenant {reader!r}; not defined in [[tenants]]", section, "tenants", reader)
+            if reader in readers[:index]:
+                v.fail(where, f"tenant {reader!r} listed twice", section, "tenants", reader)
+        allowed = frozenset(readers)
+    return SharedPrefix(name, text, messages, allowed)
+
+
+def _secret(v: Validator, data: dict[str, object], environ: Mapping[str, str]) -> bytes:
+    has_file, has_env = "namespace_secret_file" in data, "namespace_secret_env" in data
+    if has_file == has_env:
+        if has_file:
+            v.fail(
+                "namespace_secret_file",
+                "set only one of namespace_secret_file and namespace_secret_env",
+                None,
+                "namespace_secret_env",
+            )
+        v.fail("namespace_secret_file", "one of namespace_secret_file and namespace_secret_env is required", None, None)
+    field = "namespace_secret_file" if has_file else "namespace_secret_env"
+    value = v.string(data, field, field, None)
+    if not value:
+        v.fail(field, "must not be empty", None, field)
+    try:
+        if has_file:
+            return read_secret_file(v.source.parent / value).value
+        return read_secret_env(value, environ).value
+    except SecretError as exc:
+        v.fail(field, str(exc), None, field)
+
+
+def _syntax_error_line(exc: Exception, text: str) -> int | None:
+    line = getattr(exc, "lineno", None)  # Python 3.14+
+    if isinstance(line, int):
+        return line
+    match = re.search(r"at line (\d+)", str(exc))
+    if match:
+        return int(match.group(1))
+    if "end of document" in str(exc):
+        return max(1, len(text.splitlines()))
+    return None

@@ -1,0 +1,154 @@
+"""API keys: minting, hashing, and resolving a presented key to its principal.
+
+Only SHA-256 digests of keys are stored (in the tenants file); the key itself is
+shown once by ``sglang-iso keys new``. A request authenticates with
+``Authorization: Bearer <key>``; :func:`parse_bearer` extracts the key and
+:meth:`KeyIndex.lookup` maps it to a :class:`Principal`, or ``None``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from sglang_iso.tenancy.config import TenantsConfig, is_valid_tenant_id
+
+API_KEY_PREFIX = "sk-iso-"
+"""Prefix of keys minted by :func:`new_api_key` (lets secret scanners recognise leaked keys)."""
+
+API_KEY_RANDOM_BYTES = 32
+"""Entropy of a minted key, in bytes (256 bits)."""
+
+MAX_PRESENTED_KEY_CHARS = 1024
+"""A presented key longer than this is refused without hashing (no valid key is that long)."""
+
+PrincipalKind = Literal["tenant", "admin"]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a key belongs to. Immutable. Build with :meth:`for_tenant` / :meth:`for_admin`."""
+
+    kind: PrincipalKind
+    """``"tenant"``: a tenant's API key; ``"admin"``: an operator key (``admin_key_sha256``)."""
+    tenant_id: str | None
+    """The tenant for ``kind == "tenant"``; ``None`` for admins (an admin key is not any tenant's)."""
+
+    def __post_init__(self) -> None:
+        if self.kind == "tenant":
+            if not is_valid_tenant_id(self.tenant_id):
+                raise ValueError(f"tenant_id: a tenant principal needs a valid tenant id, got {self.tenant_id!r}")
+        elif self.kind == "admin":
+            if self.tenant_id is not None:
+                raise ValueError(f"tenant_id: an admin principal has no tenant id, got {self.tenant_id!r}")
+        else:
+            raise ValueError(f"kind: must be 'tenant' or 'admin', got {self.kind!r}")
+
+    @classmethod
+    def for_tenant(cls, tenant_id: str) -> Principal:
+        return cls("tenant", tenant_id)
+
+    @classmethod
+    def for_admin(cls) -> Principal:
+        return cls("admin", None)
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind == "admin"
+
+
+def new_api_key() -> str:
+    """A fresh random key: ``sk-iso-`` + ``secrets.token_urlsafe(32)`` (43 URL-safe chars)."""
+    return API_KEY_PREFIX + secrets.token_urlsafe(API_KEY_RANDOM_BYTES)
+
+
+def key_sha256(key: str) -> str:
+    """Lowercase SHA-256 hex digest of the key's (ASCII) bytes, as stored in ``key_sha256 = [...]``.
+
+    Raises ``ValueError`` (naming ``key``) if the key is empty, has surrounding
+    whitespace, or contains characters :func:`parse_bearer` would refuse: such a key
+    could never be presented, so its hash would be a silent dead entry.
+    """
+    if not key:
+        raise ValueError("key: must not be empty")
+    if not _is_token(key):
+        raise ValueError("key: must be printable ASCII without spaces (as sent in an Authorization: Bearer header)")
+    return _digest(key)
+
+
+class KeyIndex:
+    """Resolves presented keys to principals for one :class:`TenantsConfig`. Immutable after construction.
+
+    Rebuild it when the config is reloaded; it keeps no reference to the config.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, config: TenantsConfig) -> None:
+        """Raises ``ValueError`` if a hash belongs to two principals (``load_tenants_file`` already refuses it)."""
+        entries: dict[str, Principal] = {}
+        pairs = [(digest, Principal.for_admin()) for digest in sorted(config.admin_key_hashes)]
+        for tenant in config.tenants.values():
+            pairs.extend((digest, Principal.for_tenant(tenant.id)) for digest in sorted(tenant.key_hashes))
+        for digest, principal in pairs:
+            # NOTE: a real check, not an assert: an ambiguous key would be a privilege confusion.
+            if digest in entries:
+                raise ValueError(f"key_sha256: hash {digest[:12]}... maps to both {entries[digest]} and {principal}")
+            entries[digest] = principal
+        self._entries: tuple[tuple[bytes, Principal], ...] = tuple(
+            (digest.encode("ascii"), principal) for digest, principal in entries.items()
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, presented_key: str) -> Principal | None:
+        """The principal owning ``presented_key``, or ``None`` if no stored hash matches.
+
+        NOTE: we hash first, then compare the digest against *every* stored digest
+        with ``hmac.compare_digest`` and never stop early, because a dict lookup
+        or ``==`` short-circuits on the first differing byte. Comparing digests
+        (not keys) already means an attacker cannot steer the compared bytes; the
+        full constant-time scan additionally makes the time depend only on the
+        number of stored hashes, not on which (if any) matched.
+        """
+        if not isinstance(presented_key, str) or not presented_key or len(presented_key) > MAX_PRESENTED_KEY_CHARS:
+            return None
+        if not _is_token(presented_key):
+            return None
+        digest = _digest(presented_key).encode("ascii")
+        found: Principal | None = None
+        for stored, principal in self._entries:
+            if hmac.compare_digest(digest, stored):
+                found = principal
+        return found
+
+
+def parse_bearer(header: str | None) -> str | None:
+    """The key in an ``Authorization`` header value ``Bearer <key>``, or ``None``.
+
+    The scheme is case-insensitive; surrounding whitespace is stripped. Returns
+    ``None`` for a missing header, another scheme, an empty key, or a key with
+    inner whitespace or characters outside printable ASCII.
+    """
+    if header is None:
+        return None
+    parts = header.strip().split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    token = parts[1].strip()
+    if not token or not _is_token(token):
+        return None
+    return token
+
+
+def _is_token(value: str) -> bool:
+    """Every char is printable ASCII other than space (0x21-0x7e); true for "" (callers check emptiness)."""
+    return all("\x21" <= char <= "\x7e" for char in value)
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("ascii")).hexdigest()

@@ -1,0 +1,218 @@
+"""Tenants end to end: authentication, isolation with positive controls, sanitizing, admin paths.
+
+One real server with a tenants file; every isolation assertion is paired with a
+same-tenant cache hit in the same run (a server with caching off would fail it).
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sglang_iso.server.process import ServerProcess
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+from .conftest import start_iso_server
+
+pytestmark = pytest.mark.e2e
+
+TENANTS = ("acme", "globex", "initech", "hooli", "hooli-eu")
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    return {name: new_api_key() for name in (*TENANTS, "admin")}
+
+
+def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
+    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
+    cache = {"acme": "private", "globex": "private", "initech": "off", "hooli": "group:hooli", "hooli-eu": "group:hooli"}
+    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]', ""]
+    for name in TENANTS:
+        lines += [
+            "[[tenants]]",
+            f'id = "{name}"',
+            f'key_sha256 = ["{key_sha256(keys[name])}"]',
+            f'cache = "{cache[name]}"',
+            "",
+        ]
+    path = directory / "tenants.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
+    srv = start_iso_server("--tenants-file", str(path), "--enable-cache-report")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# NOTE: each prompt starts with its own single-letter word, because the byte-level
+# pre-tokenizer splits at the space: no two prompts of this module share even
+# their first token, so a cross-tenant "cached_tokens == 0" is exact, not approximate.
+_FIRST_WORDS = iter(string.ascii_letters)
+
+
+def long_prompt() -> str:
+    nonce = uuid.uuid4().hex
+    return f"{next(_FIRST_WORDS)} memo {nonce}: " + " ".join(f"clause {i} of contract {nonce[:8]}" for i in range(12))
+
+
+def generate(server: ServerProcess, key: str, text: str, **extra: object) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}, **extra},
+        headers=auth(key),
+    )
+    assert status == 200, out
+    return out["meta_info"]
+
+
+def test_missing_or_unknown_key_is_401_json(server: ServerProcess) -> None:
+    for headers in ({}, auth("sk-iso-not-a-real-key"), {"Authorization": "Basic abc"}):
+        status, out = server.post("/generate", {"text": "hi"}, headers=headers)
+        assert status == 401
+        assert out["error"]["code"] == "invalid_api_key"
+    status, _ = server.get("/health")
+    assert status == 200
+
+
+def test_other_tenant_never_hits_same_tenant_does(server: ServerProcess, keys: dict[str, str]) -> None:
+    prompt = long_prompt()
+    first = generate(server, keys["acme"], prompt)
+    again = generate(server, keys["acme"], prompt)
+    other = generate(server, keys["globex"], prompt)
+    other_again = generate(server, keys["globex"], prompt)
+    assert first["cached_tokens"] == 0
+    assert again["cached_tokens"] >= first["prompt_tokens"] - 1 > 0  # positive control
+    assert other["cached_tokens"] == 0  # isolation
+    assert other_again["cached_tokens"] >= first["prompt_tokens"] - 1  # globex's own entry
+
+
+def test_chat_isolation_with_positive_control(server: ServerProcess, keys: dict[str, str]) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": long_prompt()}], "max_tokens": 2}
+
+    def cached(key: str) -> int:
+        status, out = server.post("/v1/chat/completions", body, headers=auth(key))
+        assert status == 200, out
+        return int(out["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    assert cached(keys["acme"]) == 0
+    assert cached(keys["acme"]) > 0
+    assert cached(keys["globex"]) == 0
+
+
+def test_cache_salt_partitions_inside_the_tenant(server: ServerProcess, keys: dict[str, str]) -> None:
+    prompt = long_prompt()
+    generate(server, keys["acme"], prompt)
+    salted = generate(server, keys["acme"], prompt, cache_salt="user-42")
+    salted_again = generate(server, keys["acme"], prompt, cache_salt="user-42")
+    unsalted = generate(server, keys["acme"], prompt)
+    assert salted["cached_tokens"] == 0
+    assert salted_again["cached_tokens"] > 0
+    assert unsalted["cached_tokens"] > 0
+
+
+def test_cache_off_tenant_never_reuses(server: ServerProcess, keys: dict[str, str]) -> None:
+    prompt = long_prompt()
+    assert generate(server, keys["initech"], prompt)["cached_tokens"] == 0
+    assert generate(server, keys["initech"], prompt)["cached_tokens"] == 0
+    # Positive control in the same run.
+    generate(server, keys["acme"], prompt)
+    assert generate(server, keys["acme"], prompt)["cached_tokens"] > 0
+
+
+def test_group_members_share_outsiders_do_not(server: ServerProcess, keys: dict[str, str]) -> None:
+    prompt = long_prompt()
+    generate(server, keys["hooli"], prompt)
+    assert generate(server, keys["hooli-eu"], prompt)["cached_tokens"] > 0
+    assert generate(server, keys["acme"], prompt)["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("extra_key", "acme"), ("session_params", {"id": "x"}), ("custom_logit_processor", "x"), ("routed_dp_rank", 0)],
+)
+def test_forbidden_fields_are_400_naming_the_field(
+    server: ServerProcess, keys: dict[str, str], field: str, value: object
+) -> None:
+    status, out = server.post("/generate", {"text": "hi", field: value}, headers=auth(keys["acme"]))
+    assert status == 400
+    assert out["error"]["param"] == field and field in out["error"]["message"]
+
+
+def test_forbidden_header_is_400(server: ServerProcess, keys: dict[str, str]) -> None:
+    status, out = server.post(
+        "/generate", {"text": "hi"}, headers={**auth(keys["acme"]), "x-data-parallel-rank": "0"}
+    )
+    assert status == 400 and out["error"]["param"] == "x-data-parallel-rank"
+
+
+def test_client_rid_is_namespaced(server: ServerProcess, keys: dict[str, str]) -> None:
+    status, out = server.post(
+        "/generate", {"text": "hi", "rid": "probe-1", "sampling_params": {"max_new_tokens": 1}}, headers=auth(keys["acme"])
+    )
+    assert status == 200, out
+    assert out["meta_info"]["id"] == "acme.probe-1"
+
+
+def test_admin_endpoints_need_the_admin_key(server: ServerProcess, keys: dict[str, str]) -> None:
+    status, out = server.post("/flush_cache", {}, headers=auth(keys["acme"]))
+    assert status == 403 and out["error"]["code"] == "admin_required"
+    status, out = server.post("/generate", {"text": "hi"}, headers=auth(keys["admin"]))
+    assert status == 403 and out["error"]["code"] == "tenant_key_required"
+    status, _ = server.post("/flush_cache", {}, headers=auth(keys["admin"]))
+    assert status == 200
+
+
+def test_scheduler_saw_no_unverified_namespace(server: ServerProcess, keys: dict[str, str]) -> None:
+    status, _ = server.post("/get_server_info", {}, headers=auth(keys["acme"]))
+    assert status == 403
+    from sglang_iso.server.process import request_json
+
+    status, info = request_json(server.base_url + "/get_server_info", None, headers=auth(keys["admin"]))
+    assert status == 200
+    tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+    assert tree["namespace_mode"] == "tenants"
+    assert tree["violations"] == 0
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_iso.launch_server", "--model-path", "m", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_bad_tenants_file_is_a_startup_error_naming_the_field(tmp_path: Path, keys: dict[str, str]) -> None:
+    path = write_tenants_file(tmp_path, keys)
+    path.write_text(path.read_text().replace('id = "globex"', 'id = "Globex!"'))
+    out = _launch("--tenants-file", str(path))
+    assert out.returncode == 2
+    assert "tenants[1].id" in out.stderr
+
+
+def test_bypassing_flags_are_refused(tmp_path: Path, keys: dict[str, str]) -> None:
+    path = write_tenants_file(tmp_path, keys)
+    out = _launch("--tenants-file", str(path), "--api-key", "x")
+    assert out.returncode == 2 and "--api-key" in out.stderr
+    out = _launch("--tenants-file", str(path), "--tokenizer-worker-num", "2")
+    assert out.returncode == 2 and "--tokenizer-worker-num" in out.stderr
