@@ -16,6 +16,9 @@ USAGE = """sglang-iso COMMAND [ARGS]
 commands:
   serve [SGLANG AND SGLANG-ISO FLAGS]   start the server (see `sglang-iso serve --help`)
   demo [--port PORT]                    serve the bundled tiny model and show a cache hit
+  keys new --tenant ID | --admin        mint an API key; prints it once and its key_sha256 line
+  keys hash                             hash a key read from stdin
+  check-config FILE                     validate a tenants file without starting a server
   model-path                            print the path of the bundled tiny model
   version                               print versions
 """
@@ -35,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_iso.demo import main as demo_main
 
         return demo_main(rest)
+    if command == "keys":
+        from sglang_iso.tenancy.cli import keys_main
+
+        return keys_main(rest)
+    if command == "check-config":
+        from sglang_iso.tenancy.cli import check_config_main
+
+        return check_config_main(rest)
     if command == "model-path":
         from sglang_iso.models import tiny_model_path
 

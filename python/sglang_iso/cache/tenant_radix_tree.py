@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from sglang_iso.cache.integrity import check_tree_integrity
 from sglang_iso.cache.namespaces import SHARED_NAME_PATTERN, NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, iter_subtree
 from sglang_iso.cache.results import (
@@ -309,8 +310,6 @@ class TenantRadixTree(TreeCore):
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` (with the numbers) if an internal invariant fails; see ``integrity``."""
-        from sglang_iso.cache.integrity import check_tree_integrity
-
         check_tree_integrity(self)
 
     # -------------------------------------------------------------------------------------------------- private

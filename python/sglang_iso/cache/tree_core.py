@@ -41,19 +41,27 @@ class TreeCore:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
         self.page_size = page_size
+        """Tokens per KV page; fixed for the tree's life."""
         self._free_fn = free_fn
+        """The one exit for slots: eviction, quota, flush and reset call it, nothing else frees."""
         self._private: dict[str, RootNode] = {}
+        """namespace -> root of its own prefixes."""
         self._shared_roots: dict[str, RootNode] = {}
+        """shared name -> root holding at most the one declared node; created by ``declare_shared``."""
         self._cont: dict[str, dict[str, RootNode]] = {}
-        """shared name -> namespace -> continuation root."""
+        """shared name -> namespace -> root of that namespace's continuations after the shared prefix."""
         self._shared: dict[str, SharedPrefix] = {}
+        """shared name -> declaration (immutable once declared)."""
         self._registrations: dict[str, Registration] = {}
+        """namespace -> tenant and scope, consulted only to route to shared prefixes."""
         self._ns: dict[str, NamespaceState] = {}
+        """namespace -> config and accounting (tokens); created on first use."""
         self._resident: set[int] = set()
         """Every slot currently owned by some node."""
         self._clock = 0
+        """Logical LRU clock, +1 per match/insert."""
         self._violations = 0
-
+        """Isolation violations detected, all namespaces."""
 
     def _check_ns(self, ns: str, *, allow_shared: bool) -> None:
         if not isinstance(ns, str) or not ns:
@@ -124,12 +132,15 @@ class TreeCore:
         node: TreeNode = root
         indices: list[int] = []
         pos = 0
+        if root.owner != expected_owner:
+            self._violation(ns, "match", f"expected_owner={expected_owner} root_owner={root.owner}")
+            return _Walk(root, indices)
         while pos < len(key):
             child = node.children.get(page_key(key, pos, self.page_size))
             if child is None:
                 break
             # SECURITY: fail closed on a foreign node: return only what was matched above it.
-            if child.owner != expected_owner or root.owner != expected_owner:
+            if child.owner != expected_owner:
                 self._violation(ns, "match", f"expected_owner={expected_owner} found_owner={child.owner}")
                 break
             n = common_prefix_len(child.key, key, pos, self.page_size)
@@ -146,12 +157,15 @@ class TreeCore:
         node: TreeNode = root
         duplicates: list[int] = []
         pos = 0
+        if root.owner != expected_owner:
+            self._violation(ns, "insert", f"expected_owner={expected_owner} root_owner={root.owner}")
+            return _Stored(root, 0, 0, duplicates)
         while pos < len(key):
             child = node.children.get(page_key(key, pos, self.page_size))
             if child is None:
                 break
             # SECURITY: never extend or split another namespace's node; store nothing further.
-            if child.owner != expected_owner or root.owner != expected_owner:
+            if child.owner != expected_owner:
                 self._violation(ns, "insert", f"expected_owner={expected_owner} found_owner={child.owner}")
                 return _Stored(node, pos, 0, duplicates)
             n = common_prefix_len(child.key, key, pos, self.page_size)

@@ -11,11 +11,11 @@ Entries leave the model only when the tree hands their slots to ``free_fn``.
 
 from __future__ import annotations
 
+from fake_pool import FakePool
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fake_pool import FakePool
 from sglang_iso.cache import InsertResult, NodeHandle, TenantRadixTree
 
 NAMESPACES = ("ns-a", "ns-b", "ns-c")
