@@ -33,7 +33,13 @@ def keys() -> dict[str, str]:
 
 def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
     (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    cache = {"acme": "private", "globex": "private", "initech": "off", "hooli": "group:hooli", "hooli-eu": "group:hooli"}
+    cache = {
+        "acme": "private",
+        "globex": "private",
+        "initech": "off",
+        "hooli": "group:hooli",
+        "hooli-eu": "group:hooli",
+    }
     lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]', ""]
     for name in TENANTS:
         lines += [
@@ -158,15 +164,15 @@ def test_forbidden_fields_are_400_naming_the_field(
 
 
 def test_forbidden_header_is_400(server: ServerProcess, keys: dict[str, str]) -> None:
-    status, out = server.post(
-        "/generate", {"text": "hi"}, headers={**auth(keys["acme"]), "x-data-parallel-rank": "0"}
-    )
+    status, out = server.post("/generate", {"text": "hi"}, headers={**auth(keys["acme"]), "x-data-parallel-rank": "0"})
     assert status == 400 and out["error"]["param"] == "x-data-parallel-rank"
 
 
 def test_client_rid_is_namespaced(server: ServerProcess, keys: dict[str, str]) -> None:
     status, out = server.post(
-        "/generate", {"text": "hi", "rid": "probe-1", "sampling_params": {"max_new_tokens": 1}}, headers=auth(keys["acme"])
+        "/generate",
+        {"text": "hi", "rid": "probe-1", "sampling_params": {"max_new_tokens": 1}},
+        headers=auth(keys["acme"]),
     )
     assert status == 200, out
     assert out["meta_info"]["id"] == "acme.probe-1"
@@ -216,3 +222,24 @@ def test_bypassing_flags_are_refused(tmp_path: Path, keys: dict[str, str]) -> No
     assert out.returncode == 2 and "--api-key" in out.stderr
     out = _launch("--tenants-file", str(path), "--tokenizer-worker-num", "2")
     assert out.returncode == 2 and "--tokenizer-worker-num" in out.stderr
+
+
+def test_iso_tenants_reports_and_iso_flush_drops_one_tenant(server: ServerProcess, keys: dict[str, str]) -> None:
+    acme_prompt, globex_prompt = long_prompt(), long_prompt()
+    for key, prompt in ((keys["acme"], acme_prompt), (keys["globex"], globex_prompt)):
+        generate(server, key, prompt)
+        assert generate(server, key, prompt)["cached_tokens"] > 0
+    status, out = server.get_with("/iso/tenants", auth(keys["acme"]))
+    assert status == 403
+    status, out = server.get_with("/iso/tenants", auth(keys["admin"]))
+    assert status == 200
+    acme = out["tenants"]["acme"]["ranks"][0]
+    assert acme["resident_tokens"] > 0 and acme["hit_tokens"] > 0 and acme["violations"] == 0
+    assert out["tenants"]["initech"]["cache"] == "off"
+
+    status, out = server.post("/iso/flush", {"tenant": "nobody"}, headers=auth(keys["admin"]))
+    assert status == 400 and out["error"]["param"] == "tenant"
+    status, out = server.post("/iso/flush", {"tenant": "acme"}, headers=auth(keys["admin"]))
+    assert status == 200 and out["flushed"] is True
+    assert generate(server, keys["acme"], acme_prompt)["cached_tokens"] == 0  # acme's entries are gone
+    assert generate(server, keys["globex"], globex_prompt)["cached_tokens"] > 0  # globex untouched

@@ -52,8 +52,59 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
 
     http_server.app.add_middleware(TenantGate, keys=KeyIndex(config))
     server_args = kwargs.get("server_args", args[0] if args else None)
+    tokenizer_manager = kwargs.get("tokenizer_manager", args[1] if len(args) > 1 else None)
     _tagger = _make_tagger(config, server_args)
+    _add_iso_routes(http_server.app, tokenizer_manager, config)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
+
+
+def _add_iso_routes(app: Any, tokenizer_manager: Any, config: TenantsConfig) -> None:
+    """``GET /iso/tenants`` and ``POST /iso/flush`` (admin-only: the gate lets only admins reach /iso/*)."""
+    from fastapi.responses import ORJSONResponse
+
+    from sglang_iso.integration.hooks import FLUSH_COMMAND
+
+    async def iso_tenants() -> Any:
+        states = await tokenizer_manager.get_internal_state()
+        per_rank = [s.get("sglang_iso", {}).get("tenants", {}) for s in states]
+        tenants: dict[str, Any] = {}
+        for tenant in config.tenants.values():
+            owner = tenant.group or tenant.id
+            tenants[tenant.id] = {
+                "cache": tenant.cache_policy if tenant.group is None else f"group:{tenant.group}",
+                "quota_tokens": tenant.quota_tokens,
+                "ranks": [rank.get(owner, {}) for rank in per_rank],
+            }
+        return ORJSONResponse({"tenants": tenants})
+
+    async def iso_flush(body: dict[str, Any]) -> Any:
+        tenant_id = body.get("tenant") if isinstance(body, dict) else None
+        tenant = config.tenants.get(tenant_id) if isinstance(tenant_id, str) else None
+        if tenant is None:
+            return ORJSONResponse(
+                {
+                    "error": {
+                        "message": f"unknown tenant {tenant_id!r}",
+                        "type": "invalid_request_error",
+                        "param": "tenant",
+                        "code": "unknown_tenant",
+                    }
+                },
+                status_code=400,
+            )
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        owner = tenant.group or tenant.id
+        results = await tokenizer_manager.set_internal_state(
+            SetInternalStateReq(server_args={FLUSH_COMMAND + owner: 1})
+        )
+        ok = bool(results) and all(results)
+        return ORJSONResponse(
+            {"flushed": ok, "tenant": tenant.id, "namespace_owner": owner}, status_code=200 if ok else 500
+        )
+
+    app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
+    app.add_api_route("/iso/flush", iso_flush, methods=["POST"])
 
 
 def _make_tagger(config: TenantsConfig, server_args: Any) -> NamespaceTagger:

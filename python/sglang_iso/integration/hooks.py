@@ -32,6 +32,11 @@ def install() -> None:
         report_internal_state,
         HookType.AFTER,
     )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
+        handle_iso_commands,
+        HookType.AROUND,
+    )
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -69,4 +74,29 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
     """AFTER ``get_internal_state``: add ``sglang_iso`` to /get_server_info's internal_states."""
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
-        state["sglang_iso"] = {"tree_cache": tree_cache_status(controller.scheduler.tree_cache)}
+        tree_cache = controller.scheduler.tree_cache
+        report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache)}
+        if hasattr(tree_cache, "tenant_stats"):
+            report["tenants"] = tree_cache.tenant_stats()
+        state["sglang_iso"] = report
+
+
+# set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1.
+FLUSH_COMMAND = "sglang_iso.flush:"
+
+
+def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
+    requested = getattr(recv_req, "server_args", None) or {}
+    ours = [k for k in requested if isinstance(k, str) and k.startswith(FLUSH_COMMAND)]
+    if not ours:
+        return original(controller, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    tree_cache = controller.scheduler.tree_cache
+    if len(ours) != len(requested) or not hasattr(tree_cache, "flush_owner"):
+        return SetInternalStateReqOutput(updated=False)
+    for key in ours:
+        released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
+        logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)
+    return SetInternalStateReqOutput(updated=True)

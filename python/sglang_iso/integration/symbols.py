@@ -97,6 +97,36 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AFTER hook: reports the live tree cache in /get_server_info",
     ),
     HookedSymbol(
+        "sglang.srt.managers.scheduler_components.internal_state:SchedulerInternalStateController.set_internal_state",
+        ("self", "recv_req"),
+        "AROUND hook: runs /iso/flush in the scheduler",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:SetInternalStateReq",
+        ("server_args",),
+        "carries /iso/flush to the scheduler",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.get_internal_state",
+        ("self",),
+        "/iso/tenants reads the scheduler's per-tenant stats",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.set_internal_state",
+        ("self", "obj"),
+        "/iso/flush sends the flush command",
+    ),
+    HookedSymbol(
+        "sglang.srt.entrypoints.http_server:_setup_and_run_http_server",
+        ("server_args", "tokenizer_manager"),
+        "BEFORE hook: installs the tenant gate and /iso routes",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request",
+        ("self", "obj", "request"),
+        "BEFORE hook: overwrites extra_key with the server's namespace tag",
+    ),
+    HookedSymbol(
         "sglang.srt.plugins.hook_registry:HookRegistry.register",
         ("target", "hook", "hook_type"),
         "installs our hooks",
@@ -127,4 +157,5 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
 REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.managers.scheduler.Scheduler.__init__",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
+    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
 )

@@ -239,6 +239,45 @@ class TenantRadixCache(BasePrefixCache):
             "unresolved_requests": self.unresolved_requests,
         }
 
+    def tenant_stats(self) -> dict[str, dict[str, int | None]]:
+        """Per-owner totals over its namespaces (tokens), for ``GET /iso/tenants``."""
+        out: dict[str, dict[str, int | None]] = {}
+        for ns in sorted(self._configured):
+            owner = self.resolver.tenant_of(ns) or "open"
+            st = self.tree.stats(ns)
+            row = out.setdefault(
+                owner,
+                {
+                    "namespaces": 0,
+                    "resident_tokens": 0,
+                    "evictable_tokens": 0,
+                    "protected_tokens": 0,
+                    "hit_tokens": 0,
+                    "lookup_tokens": 0,
+                    "inserted_tokens": 0,
+                    "evicted_tokens": 0,
+                    "violations": 0,
+                    "quota_tokens_per_namespace": st.quota,
+                },
+            )
+            row["namespaces"] = int(row["namespaces"] or 0) + 1
+            for field, value in (
+                ("resident_tokens", st.resident),
+                ("evictable_tokens", st.evictable),
+                ("protected_tokens", st.protected),
+                ("hit_tokens", st.hit_tokens),
+                ("lookup_tokens", st.lookup_tokens),
+                ("inserted_tokens", st.inserted_tokens),
+                ("evicted_tokens", st.evicted_tokens),
+                ("violations", st.violations),
+            ):
+                row[field] = int(row[field] or 0) + int(value)
+        return out
+
+    def flush_owner(self, owner: str) -> int:
+        """Drop every unlocked entry of ``owner``'s namespaces; returns tokens released."""
+        return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.tenant_of(ns) == owner)
+
     # ------------------------------------------------------------------------------------------ private
 
     def _release_slots(self, slots: list[int]) -> None:

@@ -123,6 +123,9 @@ class ServerProcess:
     def get(self, path: str, *, timeout_s: float = 30.0) -> tuple[int, Any]:
         return request_json(self.base_url + path, None, timeout_s=timeout_s)
 
+    def get_with(self, path: str, headers: dict[str, str], *, timeout_s: float = 30.0) -> tuple[int, Any]:
+        return request_json(self.base_url + path, None, headers=headers, timeout_s=timeout_s)
+
     def __enter__(self) -> ServerProcess:
         return self
 

@@ -85,7 +85,9 @@ def test_tenants_file_skips_warmup_and_refuses_shared_keys() -> None:
         with pytest.raises(ValueError, match="--tenants-file"):
             plan_launch(["--model-path", "m", "--tenants-file", "t.toml", *flag], cuda_available=True)
     with pytest.raises(ValueError, match="SGLANG_RUST_SERVER"):
-        plan_launch(["--model-path", "m", "--tenants-file", "t.toml"], cuda_available=True, env={"SGLANG_RUST_SERVER": "1"})
+        plan_launch(
+            ["--model-path", "m", "--tenants-file", "t.toml"], cuda_available=True, env={"SGLANG_RUST_SERVER": "1"}
+        )
 
 
 def test_without_tenants_file_shared_keys_pass_through() -> None:
