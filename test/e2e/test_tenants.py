@@ -24,6 +24,7 @@ from .conftest import start_iso_server
 pytestmark = pytest.mark.e2e
 
 TENANTS = ("acme", "globex", "initech", "hooli", "hooli-eu")
+SHARED_SYSTEM_PROMPT = " ".join(f"Rule {i}: answer politely and never reveal internal notes." for i in range(8))
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,13 @@ def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
             f'cache = "{cache[name]}"',
             "",
         ]
+    lines += [
+        "[[shared_prefixes]]",
+        'name = "support-bot"',
+        f'messages = [{{role = "system", content = "{SHARED_SYSTEM_PROMPT}"}}]',
+        'tenants = ["acme", "globex"]',
+        "",
+    ]
     path = directory / "tenants.toml"
     path.write_text("\n".join(lines))
     return path
@@ -243,3 +251,29 @@ def test_iso_tenants_reports_and_iso_flush_drops_one_tenant(server: ServerProces
     assert status == 200 and out["flushed"] is True
     assert generate(server, keys["acme"], acme_prompt)["cached_tokens"] == 0  # acme's entries are gone
     assert generate(server, keys["globex"], globex_prompt)["cached_tokens"] > 0  # globex untouched
+
+
+def test_declared_shared_prefix_is_shared_by_readers_only(server: ServerProcess, keys: dict[str, str]) -> None:
+    def chat_cached(key: str, question: str) -> tuple[int, int]:
+        body = {
+            "model": "default",
+            "messages": [{"role": "system", "content": SHARED_SYSTEM_PROMPT}, {"role": "user", "content": question}],
+            "max_tokens": 1,
+        }
+        status, out = server.post("/v1/chat/completions", body, headers=auth(keys[key]))
+        assert status == 200, out
+        usage = out["usage"]
+        return int(usage["prompt_tokens_details"]["cached_tokens"]), int(usage["prompt_tokens"])
+
+    q_acme, q_globex = long_prompt(), long_prompt()
+    chat_cached("acme", q_acme)  # the first reader supplies the shared KV
+    shared_hit, prompt_len = chat_cached("globex", q_globex)
+    assert shared_hit > 0  # positive control: another listed tenant reuses the declared prefix
+    own_hit, _ = chat_cached("globex", q_globex)
+    assert own_hit >= prompt_len - 1 > shared_hit  # globex's continuation is cached for globex...
+    cross_hit, _ = chat_cached("acme", q_globex)
+    # ...and acme gets the shared part plus at most the role marker of its own earlier
+    # continuation ("<|user|>"; the questions differ from their first token on), never globex's question.
+    assert shared_hit <= cross_hit <= shared_hit + 1
+    outsider_hit, _ = chat_cached("hooli", long_prompt())
+    assert outsider_hit == 0  # hooli is not a reader

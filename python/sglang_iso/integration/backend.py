@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -55,5 +55,21 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
     cache = TenantRadixCache(ctx.params, resolver, policies)
+    if config is not None and config.shared_prefixes and not cache.disable:
+        from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
+
+        declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
+
+
+def _server_tokenizer(server_args: Any) -> Any:
+    """The tokenizer the server uses, loaded the same way SGLang loads it."""
+    from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
+
+    return get_tokenizer(
+        server_args.tokenizer_path or server_args.model_path,
+        tokenizer_mode=server_args.tokenizer_mode,
+        trust_remote_code=server_args.trust_remote_code,
+        tokenizer_revision=getattr(server_args, "revision", None),
+    )

@@ -127,6 +127,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "BEFORE hook: overwrites extra_key with the server's namespace tag",
     ),
     HookedSymbol(
+        "sglang.srt.utils.hf_transformers.tokenizer:get_tokenizer",
+        ("tokenizer_name", "tokenizer_mode", "trust_remote_code", "tokenizer_revision"),
+        "tokenizes operator-declared shared prefixes in the scheduler",
+    ),
+    HookedSymbol(
         "sglang.srt.plugins.hook_registry:HookRegistry.register",
         ("target", "hook", "hook_type"),
         "installs our hooks",

@@ -41,6 +41,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_iso.cache import NodeHandle, Policy, TenantRadixTree
 from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -295,7 +296,7 @@ class TenantRadixCache(BasePrefixCache):
 
     def _configure(self, ns: str) -> None:
         owner = self.resolver.tenant_of(ns)
-        self.tree.register_namespace(ns, tenant_id=owner or "open", scope="model")
+        self.tree.register_namespace(ns, tenant_id=owner or "open", scope=SHARED_SCOPE)
         settings = self.policies.get(owner) if owner is not None else None
         if settings is not None:
             self.tree.set_quota(ns, settings.quota_tokens)

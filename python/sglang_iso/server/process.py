@@ -53,7 +53,9 @@ class ServerProcess:
             os.close(fd)
             log_path = Path(name)
         self.log_path = log_path
-        self.env = {**os.environ, **(env or {})}
+        # NOTE: TRITON_INTERPRET is a test-process setting for kernel tests; a server must not inherit it.
+        inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.env = {**inherited, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 300.0) -> ServerProcess:

@@ -1,0 +1,30 @@
+"""Kernels that keep SGLang's KV pool safe to share across tenants.
+
+* :mod:`.scrub` -- zero freed KV pages in every layer's buffers (one Triton launch per row-size group).
+* :mod:`.kv_indices` -- build attention ``kv_indices`` while checking each page's owner; foreign or free
+  pages are redirected to an always-zero page and counted per request.
+
+Everything works on CPU: without CUDA the torch paths run, and under ``TRITON_INTERPRET=1`` the Triton
+kernels run in Triton's interpreter (slow; for tests).
+"""
+
+from __future__ import annotations
+
+from sglang_iso_kernels.kv_indices import (
+    CheckedKvIndices,
+    CheckedSlots,
+    build_kv_indices_checked,
+    build_kv_indices_checked_torch,
+    checked_gather_slots,
+)
+from sglang_iso_kernels.scrub import scrub_pages, scrub_rows
+
+__all__ = [
+    "CheckedKvIndices",
+    "CheckedSlots",
+    "build_kv_indices_checked",
+    "build_kv_indices_checked_torch",
+    "checked_gather_slots",
+    "scrub_pages",
+    "scrub_rows",
+]

@@ -1,0 +1,143 @@
+"""Zero freed KV pages in every layer's buffers, and reset request rows of ``req_to_token``.
+
+A page freed by one tenant must not leak its K/V into the next tenant that gets it, so the pool scrubs it
+before reuse. Scrubbing is byte-level: all-zero bits are 0 in every float, int and fp8 dtype, so one kernel
+serves K, V and scale buffers alike.
+
+Slot layout (slot-major, the layout of SGLang's ``MHATokenToKVPool`` buffers)::
+
+    buffer [num_slots, *row_shape]      page p owns rows  p*page_size .. p*page_size + page_size - 1
+           |<- row_bytes ->|            so its bytes are  [p*page_bytes, (p+1)*page_bytes),
+                                        page_bytes = page_size * row_bytes (one contiguous span)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sglang_iso_kernels._backend import resolve_use_triton
+
+# NOTE: words of 4 bytes when every base pointer and the row size allow it, else single bytes, because a
+# misaligned int32 store is undefined on GPU while 4-byte stores move 4x the data per instruction.
+_WORD_BYTES_WIDE = 4
+
+
+def scrub_pages(
+    buffers: Sequence[torch.Tensor],
+    page_ids: torch.Tensor,
+    page_size: int,
+    *,
+    use_triton: bool | None = None,
+) -> None:
+    """Zero every row of the listed pages in every buffer, in place.
+
+    Args:
+        buffers: every layer's K and V buffers (and any scale buffers), each ``[num_slots, *row_shape]``,
+            contiguous, any dtype, all on ``page_ids``'s device. Buffers may differ in dtype, row shape and
+            ``num_slots``. MUTATED: rows ``p*page_size .. p*page_size + page_size - 1`` become all-zero bytes
+            for each ``p`` in ``page_ids``; no other byte changes.
+        page_ids: ``[num_pages]`` int64 page ids (units: pages). Duplicates are harmless (zeroing twice).
+        page_size: tokens (slots) per page, >= 1.
+        use_triton: True forces the Triton kernel (one launch per row-size group, addresses passed as an
+            int64 tensor), False forces torch ``index_fill_``; None picks Triton on CUDA or under
+            ``TRITON_INTERPRET=1``.
+
+    Raises:
+        ValueError: a buffer is not a contiguous tensor on ``page_ids``'s device, ``page_ids`` is not 1-D
+            int64, ``page_size < 1``, or a page id is negative or past the end of some buffer.
+    """
+    device = _validate(buffers, page_ids, page_size)
+    if page_ids.numel() == 0 or len(buffers) == 0:
+        return
+    live = [buf for buf in buffers if buf.numel() > 0]
+    if resolve_use_triton(use_triton, device):
+        from sglang_iso_kernels._scrub_triton import scrub_pages_triton
+
+        for word_bytes, page_words, group in _group_by_row(live, page_size):
+            scrub_pages_triton(group, page_ids, page_words, word_bytes)
+    else:
+        rows = _page_rows(page_ids, page_size)  # [num_pages * page_size] int64
+        for buf in live:
+            _byte_rows(buf).index_fill_(0, rows, 0)
+
+
+def scrub_rows(req_to_token: torch.Tensor, row_ids: torch.Tensor) -> None:
+    """Reset whole request rows of ``req_to_token`` to slot 0 (SGLang's padding slot), in place.
+
+    Args:
+        req_to_token: ``[num_req_rows, max_context_len]`` int32 request -> slot table. MUTATED: the listed
+            rows become all 0.
+        row_ids: ``[n]`` int64 row indices (request pool indices) on the same device.
+
+    Raises:
+        ValueError: wrong rank/dtype/device, or a row id out of ``[0, num_req_rows)``.
+    """
+    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+        raise ValueError("req_to_token must be a 2-D int32 tensor [num_req_rows, max_context_len]")
+    if not isinstance(row_ids, torch.Tensor) or row_ids.dim() != 1 or row_ids.dtype != torch.int64:
+        raise ValueError("row_ids must be a 1-D int64 tensor")
+    if row_ids.device != req_to_token.device:
+        raise ValueError(f"row_ids is on {row_ids.device} but req_to_token is on {req_to_token.device}")
+    if row_ids.numel() == 0:
+        return
+    lo, hi = (int(x) for x in torch.aminmax(row_ids))
+    if lo < 0 or hi >= req_to_token.shape[0]:
+        raise ValueError(f"row_ids must lie in [0, {req_to_token.shape[0]}), got min={lo} max={hi}")
+    req_to_token.index_fill_(0, row_ids, 0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# private helpers
+
+
+def _validate(buffers: Sequence[torch.Tensor], page_ids: torch.Tensor, page_size: int) -> torch.device:
+    if not isinstance(page_ids, torch.Tensor) or page_ids.dim() != 1 or page_ids.dtype != torch.int64:
+        raise ValueError("page_ids must be a 1-D int64 tensor")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+    for i, buf in enumerate(buffers):
+        if not isinstance(buf, torch.Tensor) or buf.dim() < 1:
+            raise ValueError(f"buffers[{i}] must be a tensor shaped [num_slots, ...]")
+        if not buf.is_contiguous():
+            raise ValueError(f"buffers[{i}] must be contiguous (shape {tuple(buf.shape)}, stride {buf.stride()})")
+        if buf.device != page_ids.device:
+            raise ValueError(f"buffers[{i}] is on {buf.device} but page_ids is on {page_ids.device}")
+    if page_ids.numel() > 0 and len(buffers) > 0:
+        # NOTE: a host sync, kept because an out-of-range id would make the Triton kernel write outside the
+        # pool (a security bug, so never an assert).
+        lo, hi = (int(x) for x in torch.aminmax(page_ids))
+        min_slots = min(buf.shape[0] for buf in buffers)
+        if lo < 0 or (hi + 1) * page_size > min_slots:
+            raise ValueError(
+                f"page_ids must lie in [0, {min_slots // page_size}) for page_size={page_size} and the smallest "
+                f"buffer's {min_slots} slots, got min={lo} max={hi}"
+            )
+    return page_ids.device
+
+
+def _page_rows(page_ids: torch.Tensor, page_size: int) -> torch.Tensor:
+    """``[num_pages * page_size]`` int64 slot rows covered by ``page_ids`` (page-major order)."""
+    offsets = torch.arange(page_size, dtype=torch.int64, device=page_ids.device)  # [page_size]
+    return (page_ids[:, None] * page_size + offsets[None, :]).reshape(-1)  # [num_pages * page_size]
+
+
+def _byte_rows(buf: torch.Tensor) -> torch.Tensor:
+    """View a contiguous ``[num_slots, ...]`` buffer as ``[num_slots, row_bytes]`` uint8 (shares storage)."""
+    return buf.view(buf.shape[0], -1).view(torch.uint8)  # [num_slots, row_bytes]
+
+
+def _group_by_row(buffers: Sequence[torch.Tensor], page_size: int) -> list[tuple[int, int, list[torch.Tensor]]]:
+    """Group buffers by (word size, words per page); one Triton launch serves each group.
+
+    Returns ``(word_bytes, page_words, buffers)`` triples in first-seen order.
+    """
+    groups: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for buf in buffers:
+        row_bytes = buf[0].numel() * buf.element_size()
+        wide = row_bytes % _WORD_BYTES_WIDE == 0 and buf.data_ptr() % _WORD_BYTES_WIDE == 0
+        word_bytes = _WORD_BYTES_WIDE if wide else 1
+        page_words = page_size * row_bytes // word_bytes
+        groups.setdefault((word_bytes, page_words), []).append(buf)
+    return [(word_bytes, page_words, group) for (word_bytes, page_words), group in groups.items()]

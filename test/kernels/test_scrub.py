@@ -1,0 +1,172 @@
+"""scrub_pages / scrub_rows: listed pages become zero in every buffer, every other byte is unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_iso_kernels import _scrub_triton, scrub_pages, scrub_rows
+from test.kernels.conftest import SEEDS
+
+HEADS, HEAD_DIM, LAYERS = 2, 4, 2
+
+
+def _random_buffer(gen: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """Random values with (almost surely) no all-zero bytes pattern per row, on ``device``."""
+    if dtype == torch.uint8:
+        data = torch.randint(1, 256, shape, generator=gen, dtype=torch.uint8)
+    else:
+        data = (torch.rand(shape, generator=gen, dtype=torch.float32) + 0.5).to(dtype)  # values in [0.5, 1.5)
+    return data.to(device)
+
+
+def _make_pool(gen: torch.Generator, num_pages: int, page_size: int, device) -> list[torch.Tensor]:
+    """Per layer: fp16 K, bf16 V, fp32 extra buffer, uint8 per-head scales; slots = (num_pages + 1) pages
+    like SGLang's ``size + page_size``, and one buffer with spare slots past the last page."""
+    slots = num_pages * page_size
+    buffers = []
+    for _ in range(LAYERS):
+        buffers.append(_random_buffer(gen, (slots, HEADS, HEAD_DIM), torch.float16, device))  # K
+        buffers.append(_random_buffer(gen, (slots, HEADS, HEAD_DIM), torch.bfloat16, device))  # V
+        buffers.append(_random_buffer(gen, (slots, HEADS, 3), torch.float32, device))
+        buffers.append(_random_buffer(gen, (slots, HEADS), torch.uint8, device))  # scales: 2-byte rows
+    buffers.append(_random_buffer(gen, (slots + 3, 1), torch.uint8, device))  # 1-byte rows, extra slots
+    return buffers
+
+
+def _as_bytes(buf: torch.Tensor) -> torch.Tensor:
+    return buf.reshape(buf.shape[0], -1).view(torch.uint8)  # [num_slots, row_bytes]
+
+
+def _assert_scrubbed(before: list[torch.Tensor], after: list[torch.Tensor], pages: list[int], page_size: int):
+    for i, (old, new) in enumerate(zip(before, after, strict=True)):
+        old_b, new_b = _as_bytes(old).cpu(), _as_bytes(new).cpu()
+        listed = torch.zeros(old_b.shape[0], dtype=torch.bool)
+        for p in pages:
+            listed[p * page_size : (p + 1) * page_size] = True
+        assert torch.all(new_b[listed] == 0), f"buffer {i}: a listed page still has nonzero bytes"
+        assert torch.equal(new_b[~listed], old_b[~listed]), f"buffer {i}: a row outside the listed pages changed"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_scrub_random_pages(seed: int, page_size: int, use_triton: bool, device) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = 6
+    buffers = _make_pool(gen, num_pages, page_size, device)
+    before = [b.clone() for b in buffers]
+    count = int(torch.randint(1, num_pages, (1,), generator=gen))
+    pages = torch.randperm(num_pages, generator=gen)[:count].tolist()
+    scrub_pages(buffers, torch.tensor(pages, dtype=torch.int64, device=device), page_size, use_triton=use_triton)
+    _assert_scrubbed(before, buffers, pages, page_size)
+
+
+@pytest.mark.parametrize("pages", [[], [5], [0, 5], [0, 1, 2, 3, 4, 5]], ids=["empty", "last", "first+last", "all"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_scrub_edge_pages(pages: list[int], page_size: int, use_triton: bool, device) -> None:
+    gen = torch.Generator().manual_seed(7)
+    buffers = _make_pool(gen, 6, page_size, device)
+    before = [b.clone() for b in buffers]
+    scrub_pages(buffers, torch.tensor(pages, dtype=torch.int64, device=device), page_size, use_triton=use_triton)
+    _assert_scrubbed(before, buffers, pages, page_size)
+
+
+def test_scrub_duplicates_and_empty_buffer_list(use_triton: bool, device) -> None:
+    gen = torch.Generator().manual_seed(3)
+    buffers = _make_pool(gen, 4, 2, device)
+    before = [b.clone() for b in buffers]
+    scrub_pages(buffers, torch.tensor([1, 1, 3], device=device), 2, use_triton=use_triton)
+    _assert_scrubbed(before, buffers, [1, 3], 2)
+    scrub_pages([], torch.tensor([1], device=device), 2, use_triton=use_triton)  # no-op
+
+
+def test_scrub_misaligned_buffer_uses_bytes(use_triton: bool, device) -> None:
+    """A buffer whose base address is not 4-byte aligned must still scrub exactly its rows."""
+    page_size, num_pages, row_bytes = 2, 4, 4
+    backing = torch.randint(1, 256, (num_pages * page_size * row_bytes + 1,), dtype=torch.uint8).to(device)
+    buf = backing[1:].view(num_pages * page_size, row_bytes)  # [slots, 4] uint8 at an odd address
+    assert buf.data_ptr() % 4 != 0, f"{buf.data_ptr()=}"
+    before_backing = backing.clone()
+    scrub_pages([buf], torch.tensor([2], device=device), page_size, use_triton=use_triton)
+    _assert_scrubbed([before_backing[1:].view_as(buf)], [buf], [2], page_size)
+    assert backing[0] == before_backing[0], "byte before the buffer changed"
+
+
+def test_triton_one_launch_per_row_group(monkeypatch: pytest.MonkeyPatch, device) -> None:
+    """All buffers with the same words per page share one launch, and the grid-stride loop covers
+    more blocks than programs (grid and block shrunk to force striding)."""
+    from test.kernels.conftest import TRITON_RUNNABLE
+
+    if not TRITON_RUNNABLE:
+        pytest.skip("Triton cannot run here")
+    monkeypatch.setattr(_scrub_triton, "_MAX_PROGRAMS", 2)
+    monkeypatch.setattr(_scrub_triton, "_BLOCK", 16)
+    launches: list[int] = []
+    real = _scrub_triton.scrub_pages_triton
+
+    def spy(buffers, page_ids, page_words, word_bytes):
+        launches.append(len(buffers))
+        real(buffers, page_ids, page_words, word_bytes)
+
+    monkeypatch.setattr(_scrub_triton, "scrub_pages_triton", spy)
+    gen = torch.Generator().manual_seed(11)
+    page_size = 4
+    buffers = _make_pool(gen, 5, page_size, device)
+    before = [b.clone() for b in buffers]
+    scrub_pages(buffers, torch.tensor([0, 2, 4], device=device), page_size, use_triton=True)
+    _assert_scrubbed(before, buffers, [0, 2, 4], page_size)
+    # fp16 K and bf16 V share 16-byte rows; fp32 (24 B), uint8 scales (2 B) and the 1-byte buffer differ.
+    assert sorted(launches) == [1, LAYERS, LAYERS, 2 * LAYERS], f"{launches=}"
+
+
+@pytest.mark.parametrize(
+    ("make_args", "match"),
+    [
+        (lambda b: ([b], torch.tensor([1], dtype=torch.int32), 2), "page_ids"),
+        (lambda b: ([b], torch.tensor([[1]]), 2), "page_ids"),
+        (lambda b: ([b], torch.tensor([4]), 2), "page_ids"),
+        (lambda b: ([b], torch.tensor([-1]), 2), "page_ids"),
+        (lambda b: ([b], torch.tensor([1]), 0), "page_size"),
+        (lambda b: ([b.transpose(0, 1)], torch.tensor([0]), 1), "buffers"),
+    ],
+)
+def test_scrub_rejects_bad_arguments(make_args, match: str) -> None:
+    buf = torch.ones(8, 3)  # 4 pages of 2 slots
+    with pytest.raises(ValueError, match=match):
+        scrub_pages(*make_args(buf))
+
+
+def test_forcing_triton_on_plain_cpu_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="use_triton"):
+        scrub_pages([torch.ones(4, 2)], torch.tensor([0]), 2, use_triton=True)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_scrub_rows(seed: int, device) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randint(1, 1000, (6, 9), generator=gen, dtype=torch.int32).to(device)  # [rows, max_len]
+    before = table.clone()
+    rows = torch.randperm(6, generator=gen)[:3].to(device)
+    scrub_rows(table, rows)
+    listed = torch.zeros(6, dtype=torch.bool, device=device)
+    listed[rows] = True
+    assert torch.all(table[listed] == 0)
+    assert torch.equal(table[~listed], before[~listed])
+    with pytest.raises(ValueError, match="row_ids"):
+        scrub_rows(table, torch.tensor([6], device=device))
+    with pytest.raises(ValueError, match="req_to_token"):
+        scrub_rows(table.long(), rows)
+
+
+@pytest.mark.gpu
+def test_scrub_gpu_large_pool_matches_torch() -> None:
+    gen = torch.Generator().manual_seed(5)
+    page_size, num_pages = 16, 512
+    buffers = [b.cuda() for b in _make_pool(gen, num_pages, page_size, "cpu")]
+    twins = [b.clone() for b in buffers]
+    pages = torch.randperm(num_pages, generator=gen)[:200].cuda()
+    scrub_pages(buffers, pages, page_size, use_triton=True)
+    scrub_pages(twins, pages, page_size, use_triton=False)
+    for a, b in zip(buffers, twins, strict=True):
+        assert torch.equal(_as_bytes(a), _as_bytes(b))
