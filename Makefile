@@ -7,7 +7,7 @@ STAMP := $(VENV)/.sglang-iso-installed
 
 install: $(STAMP)
 
-$(STAMP): requirements/runtime.txt requirements/dev.txt pyproject.toml scripts/install.sh
+$(STAMP): requirements/runtime.txt requirements/dev.txt requirements/deploy.txt pyproject.toml scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 

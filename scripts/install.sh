@@ -16,6 +16,7 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --no-deps -r requirements/runtime.txt
 "${PIP[@]}" -r requirements/dev.txt
+"${PIP[@]}" --no-deps -r requirements/deploy.txt
 "${PIP[@]}" --no-deps -e .
 # Smoke check: the plugin is discoverable and the CPU shims let SGLang import.
 "$VENV/bin/python" - <<'PY'

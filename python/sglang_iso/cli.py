@@ -16,6 +16,7 @@ USAGE = """sglang-iso COMMAND [ARGS]
 commands:
   serve [SGLANG AND SGLANG-ISO FLAGS]   start the server (see `sglang-iso serve --help`)
   demo [--port PORT]                    serve the bundled tiny model and show a cache hit
+  router [SGLANG-ROUTER FLAGS]          run sglang-router (python -m sglang_router.launch_router) on this install
   keys new --tenant ID | --admin        mint an API key; prints it once and its key_sha256 line
   keys hash                             hash a key read from stdin
   check-config FILE                     validate a tenants file without starting a server
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_iso.demo import main as demo_main
 
         return demo_main(rest)
+    if command == "router":
+        return _router(rest)
     if command == "keys":
         from sglang_iso.tenancy.cli import keys_main
 
@@ -55,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         return _version()
     print(f"sglang-iso: unknown command {command!r}\n\n{USAGE}", file=sys.stderr, end="")
     return 2
+
+
+def _router(argv: list[str]) -> int:
+    """Run sglang-router's launcher with these arguments (after the CPU shims: it imports torch)."""
+    import runpy
+
+    sys.argv = ["sglang-iso router", *argv]
+    runpy.run_module("sglang_router.launch_router", run_name="__main__", alter_sys=True)
+    return 0
 
 
 def _version() -> int:

@@ -43,9 +43,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sglang-iso: error: {exc}", file=sys.stderr)
         return 2
     if plan.dry_run:
-        print(json.dumps({"sglang_argv": plan.sglang_argv, "added": plan.added, "tenants_file": plan.tenants_file}))
+        print(
+            json.dumps(
+                {
+                    "sglang_argv": plan.sglang_argv,
+                    "added": plan.added,
+                    "tenants_file": plan.tenants_file,
+                    "kv_scrub": plan.kv_scrub,
+                }
+            )
+        )
         return 0
     os.environ[REQUIRE_ENV] = "1"
+    from sglang_iso.integration.backend import SCRUB_ENV
+
+    os.environ[SCRUB_ENV] = plan.kv_scrub
     if plan.tenants_file is not None:
         from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 

@@ -130,3 +130,15 @@ def test_malformed_request_is_a_clear_4xx(iso_server: ServerProcess) -> None:
     assert 400 <= status < 500, out
     # The server keeps serving after it.
     assert _generate(iso_server, "still alive")["meta_info"]["completion_tokens"] == 4
+
+
+def test_freed_pages_are_scrubbed_in_the_server(iso_server: ServerProcess) -> None:
+    for _ in range(3):
+        _generate(iso_server, _unique_prompt())
+    status, info = iso_server.get("/get_server_info")
+    assert status == 200
+    tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+    assert tree["kv_scrub"] == "on-free"
+    # Every finished request frees at least its last slot; each hand-out scrubs them first.
+    assert tree["scrubbed_pages"] > 0 and tree["scrub_calls"] > 0
+    assert tree["reset_rows"] > 0

@@ -21,6 +21,23 @@ logger = logging.getLogger(__name__)
 __all__ = ["BACKEND_NAME", "TenantRadixCache", "build_tenant_cache"]
 
 
+# "on-free" (default) or "off"; set by the launcher's --kv-scrub, inherited by the scheduler.
+SCRUB_ENV = "SGLANG_ISO_KV_SCRUB"
+SCRUB_MODES = ("on-free", "off")
+
+
+def scrub_mode() -> str:
+    """Raises:
+    UnsupportedConfigError: an unknown mode (fail closed rather than run unscrubbed by typo).
+    """
+    import os
+
+    mode = os.environ.get(SCRUB_ENV, "on-free")
+    if mode not in SCRUB_MODES:
+        raise UnsupportedConfigError(f"{SCRUB_ENV}={mode!r}: expected one of {SCRUB_MODES}")
+    return mode
+
+
 class UnsupportedConfigError(RuntimeError):
     """The server configuration needs a tree cache feature the tenant cache does not have."""
 
@@ -55,6 +72,11 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
     cache = TenantRadixCache(ctx.params, resolver, policies)
+    if scrub_mode() == "on-free" and cache.token_to_kv_pool_allocator is not None:
+        from sglang_iso.integration.scrub import KvScrubber
+
+        forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
+        cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 

@@ -99,6 +99,7 @@ class TenantRadixCache(BasePrefixCache):
         self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
         self._configured: set[str] = set()
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
+        self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root_node = IsoNode(NodeHandle(()), self._empty_indices, None)
 
@@ -238,6 +239,8 @@ class TenantRadixCache(BasePrefixCache):
             "protected_tokens": self.protected_size(),
             "violations": self.tree.violations,
             "unresolved_requests": self.unresolved_requests,
+            "kv_scrub": "off" if self.scrubber is None else "on-free",
+            **({} if self.scrubber is None else self.scrubber.status()),
         }
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:

@@ -31,6 +31,7 @@ class LaunchPlan(NamedTuple):
     added: list[str]  # the defaults sglang-iso filled in (for the startup log)
     dry_run: bool
     tenants_file: str | None  # absolute path, validated by the caller
+    kv_scrub: str  # "on-free" or "off"
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,12 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PATH",
         help="TOML file of tenants, keys and cache policies; enables per-tenant authentication and isolation.",
+    )
+    group.add_argument(
+        "--kv-scrub",
+        choices=["on-free", "off"],
+        default="on-free",
+        help="on-free: zero every freed KV page before it is handed out again (default); off: never.",
     )
     group.add_argument(
         "--iso-dry-run",
@@ -101,6 +108,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         added=added,
         dry_run=ours.iso_dry_run,
         tenants_file=str(Path(ours.tenants_file).resolve()) if ours.tenants_file else None,
+        kv_scrub=ours.kv_scrub,
     )
 
 

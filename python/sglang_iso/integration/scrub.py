@@ -1,0 +1,153 @@
+"""Scrub-on-free: freed KV pages are zeroed before anyone can be handed them again.
+
+Installed on the allocator instance the tenant cache receives (not only on tree
+eviction), so all free paths are covered: tree eviction, duplicate slots after
+insert, request release and tenant flush all end in the allocator's release.
+
+    allocator release (page 1: ``free``; paged: ``_release_page_ids``)
+        -> page ids recorded as pending, then released as upstream does
+    allocator hand-out (``alloc``, ``alloc_extend``, ``alloc_decode``)
+        -> every pending page is zeroed in one batched call first
+
+Batching at hand-out gives one scrub per scheduler step however many frees it
+made, and guarantees the order "scrubbed before allocated again". On CUDA the
+scrub first waits for the forward stream, so no kernel still reading a freed
+page races with its zeroing (overlap scheduler). Freed request rows of
+``req_to_token`` are reset to the padding slot at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_BUFFER_ATTRS = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer", "kv_buffer")
+_ALLOC_METHODS = ("alloc", "alloc_extend", "alloc_decode")
+
+
+class UnsupportedPoolError(RuntimeError):
+    """The KV pool layout is not one the scrubber knows how to zero."""
+
+
+class KvScrubber:
+    """Zeroes freed pages of one allocator's KV pool. Single-threaded (scheduler thread)."""
+
+    def __init__(self, allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> None:
+        """Raises:
+        UnsupportedPoolError: the pool has none of the known buffer attributes.
+        """
+        self.allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = int(allocator.page_size)
+        self.forward_stream = forward_stream
+        self.buffers = kv_buffers(allocator.get_kvcache())
+        if not self.buffers:
+            raise UnsupportedPoolError(f"no KV buffers found on {type(allocator.get_kvcache()).__name__}")
+        self.pending: list[torch.Tensor] = []  # page ids released but not yet zeroed
+        self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
+        self.scrub_calls = 0
+        self.reset_rows = 0
+
+    def install(self) -> KvScrubber:
+        """Wrap the allocator's release and hand-out methods and the request pool's row release."""
+        alloc = self.allocator
+        paged = hasattr(alloc, "_release_page_ids")
+        release_name = "_release_page_ids" if paged else "free"
+        if not paged:
+            original_free = alloc.free
+
+            @functools.wraps(original_free)
+            def free(free_index: torch.Tensor) -> None:
+                if free_index.numel() and alloc.free_group is None:
+                    self.pending.append(free_index.detach().clone())
+                original_free(free_index)
+
+            alloc.free = free
+        else:
+            original_release = alloc._release_page_ids
+
+            @functools.wraps(original_release)
+            def release(*page_ids: torch.Tensor) -> None:
+                self.pending.extend(p.detach().clone() for p in page_ids if p.numel())
+                original_release(*page_ids)
+
+            alloc._release_page_ids = release
+        for name in _ALLOC_METHODS:
+            if hasattr(alloc, name):
+                setattr(alloc, name, self._flush_before(getattr(alloc, name)))
+        self._wrap_row_release()
+        logger.info(
+            "sglang-iso: scrub-on-free installed on %s.%s (%d buffers, page size %d)",
+            type(alloc).__name__,
+            release_name,
+            len(self.buffers),
+            self.page_size,
+        )
+        return self
+
+    def flush(self) -> int:
+        """Zero every pending page now; returns the number of pages zeroed."""
+        if not self.pending:
+            return 0
+        pages = torch.cat(self.pending).to(torch.int64)
+        self.pending = []
+        pages = torch.unique(pages)
+        if pages.is_cuda and self.forward_stream is not None:
+            # NOTE: a forward still reading these pages must finish before they are zeroed.
+            torch.cuda.current_stream().wait_stream(self.forward_stream)
+        from sglang_iso_kernels import scrub_pages
+
+        scrub_pages(self.buffers, pages, self.page_size)
+        self.scrubbed_pages += int(pages.numel())
+        self.scrub_calls += 1
+        return int(pages.numel())
+
+    def status(self) -> dict[str, int]:
+        return {
+            "scrubbed_pages": self.scrubbed_pages,
+            "scrub_calls": self.scrub_calls,
+            "pending_pages": sum(int(p.numel()) for p in self.pending),
+            "reset_rows": self.reset_rows,
+        }
+
+    def _flush_before(self, method: Any) -> Any:
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.flush()
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    def _wrap_row_release(self) -> None:
+        pool = self.req_to_token_pool
+        if pool is None or not hasattr(pool, "free_rows"):
+            return
+        original_free_rows = pool.free_rows
+
+        @functools.wraps(original_free_rows)
+        def free_rows(indices: Any) -> None:
+            rows = [int(i) for i in indices]
+            if rows:
+                # Slot 0 is the padding sink: a reset row points nowhere real.
+                pool.req_to_token[rows] = 0
+                self.reset_rows += len(rows)
+            original_free_rows(indices)
+
+        pool.free_rows = free_rows
+
+
+def kv_buffers(kvcache: Any) -> list[torch.Tensor]:
+    """Every per-layer K, V, scale and MLA buffer of a KV pool, as ``[slots, ...]`` tensors."""
+    out: list[torch.Tensor] = []
+    for attr in _BUFFER_ATTRS:
+        value = getattr(kvcache, attr, None)
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, list | tuple):
+            out.extend(v for v in value if isinstance(v, torch.Tensor))
+    return out
