@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX, NamespaceStats, Policy
+
+if TYPE_CHECKING:
+    from sglang_iso.cache.node import TreeNode
 
 SHARED_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 """Names of operator-declared shared prefixes."""
@@ -29,6 +33,10 @@ class NamespaceState:
     inserted_tokens: int = 0
     evicted_tokens: int = 0
     violations: int = 0
+    leaves: dict[TreeNode, None] = field(default_factory=dict, repr=False, compare=False)
+    """Evictable leaves owned by this namespace (unlocked, childless; a shared node also needs every
+    continuation of its prefix gone), as an insertion-ordered set. Kept current by ``TreeCore`` on every
+    store, split, lock, unlock and removal, so eviction never walks the whole tree."""
 
     @property
     def resident(self) -> int:
@@ -70,6 +78,8 @@ class SharedPrefix:
     """Tenant ids allowed to read, or ``"*"`` for every registered tenant in ``scope``."""
     scope: str
     """Only namespaces registered with this scope id may read: the KV must be bit-compatible."""
+    key: array = field(compare=False, repr=False)
+    """``tokens`` as ``array('q')``, the form tree keys take (compared against request keys)."""
 
     @property
     def namespace(self) -> str:

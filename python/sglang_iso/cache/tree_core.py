@@ -1,16 +1,24 @@
 """Storage and walking mechanics of the tenant-partitioned radix tree (internal).
 
-:class:`TreeCore` owns the roots, the per-namespace accounting and the slot
-set, and implements walk / store / split / lock / evict on them. The public
-contract (what each operation promises) lives in
+:class:`TreeCore` owns the roots, the per-namespace accounting, the slot set
+and the evictable-leaf sets, and implements walk / store / split / lock /
+evict on them. The public contract (what each operation promises) lives in
 :class:`~sglang_iso.cache.tenant_radix_tree.TenantRadixTree`.
+
+Performance notes (the tree runs on the scheduler thread for every request):
+keys are ``array('q')`` and values tuples, so matching, splitting and
+duplicate detection are C-level slice operations; evictable leaves are kept
+per namespace incrementally (as upstream's ``evictable_leaves``), so eviction
+heaps only over leaves; per-slot Python work is limited to the resident-slot
+set, which the isolation checks need.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
+import operator
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
@@ -19,6 +27,11 @@ from sglang_iso.cache.node import RootNode, TreeNode, common_prefix_len, iter_su
 from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX
 
 logger = logging.getLogger(__name__)
+
+_EXACT_INT = frozenset({int})
+
+EvictScope = str | list[RootNode] | None
+"""What ``_evict_lru`` may evict: None: everything; a namespace: the nodes it owns; roots: nodes under them."""
 
 
 class _Walk(NamedTuple):
@@ -32,6 +45,38 @@ class _Stored(NamedTuple):
     prefix_len: int
     inserted_len: int
     duplicates: list[int]
+
+
+def as_key(tokens: Sequence[int], length: int) -> array:
+    """``tokens[:length]`` as ``array('q')`` (the caller's array itself when it already is one, uncut).
+
+    Raises:
+        ValueError: a token is not an int in the int64 range.
+    """
+    if type(tokens) is array and tokens.typecode == "q":
+        return tokens if length == len(tokens) else tokens[:length]
+    try:
+        return array("q", tokens[:length])
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"tokens must be ints in the int64 range: {exc}") from None
+
+
+def exact_slots(slots: Sequence[int]) -> tuple[int, ...]:
+    """``slots`` as a tuple of exact ints (bools, numpy ints, 0-d tensors converted).
+
+    NOTE: the resident-slot set relies on ``int`` hashing/equality; a 0-d tensor hashes by identity and
+    would slip past the "already owned" check, so anything that is not an exact int is converted here.
+
+    Raises:
+        ValueError: a slot is not an integer.
+    """
+    out = tuple(slots)
+    if _EXACT_INT.issuperset(map(type, out)):
+        return out
+    try:
+        return tuple(map(operator.index, out))
+    except TypeError as exc:
+        raise ValueError(f"indices must be integers: {exc}") from None
 
 
 class TreeCore:
@@ -56,6 +101,8 @@ class TreeCore:
         """namespace -> tenant and scope, consulted only to route to shared prefixes."""
         self._ns: dict[str, NamespaceState] = {}
         """namespace -> config and accounting (tokens); created on first use."""
+        self._quota_ns: set[str] = set()
+        """Namespaces with a quota set (the only ones ``evict`` checks for excess first)."""
         self._resident: set[int] = set()
         """Every slot currently owned by some node."""
         self._clock = 0
@@ -78,22 +125,23 @@ class TreeCore:
             state = self._ns[ns] = NamespaceState(ns)
         return state
 
-    def _aligned(self, tokens: Sequence[int]) -> tuple[int, ...]:
-        return tuple(tokens[: len(tokens) - len(tokens) % self.page_size])
+    def _aligned(self, tokens: Sequence[int]) -> array:
+        """The whole pages of ``tokens`` as an ``array('q')`` key (no copy when already aligned ``array('q')``)."""
+        return as_key(tokens, len(tokens) - len(tokens) % self.page_size)
 
-    def _route(self, ns: str, key: tuple[int, ...]) -> SharedPrefix | None:
+    def _route(self, ns: str, key: array) -> SharedPrefix | None:
         """The longest declared shared prefix of ``key`` that ``ns`` may read (depends on config only)."""
         reg = self._registrations.get(ns)
         if reg is None:
             return None
         best: SharedPrefix | None = None
         for decl in self._shared.values():
-            n = len(decl.tokens)
-            if n > len(key) or key[:n] != decl.tokens or not decl.readable_by(reg):
+            n = len(decl.key)
+            if n > len(key) or key[:n] != decl.key or not decl.readable_by(reg):
                 continue
             if self._ns[decl.namespace].policy == "off":
                 continue
-            if best is None or n > len(best.tokens):
+            if best is None or n > len(best.key):
                 best = decl
         return best
 
@@ -127,74 +175,101 @@ class TreeCore:
         self._state(ns).violations += 1
         logger.warning("isolation-violation op=%s namespace=%s %s", op, ns, detail)
 
-    def _walk(self, root: RootNode, key: Sequence[int], expected_owner: str, ns: str) -> _Walk:
+    def _walk(self, root: RootNode, key: array, expected_owner: str, ns: str) -> _Walk:
         """Follow ``key`` down from ``root``; stops at the first node not owned by ``expected_owner``."""
         node: TreeNode = root
         indices: list[int] = []
-        pos = 0
         if root.owner != expected_owner:
             self._violation(ns, "match", f"expected_owner={expected_owner} root_owner={root.owner}")
             return _Walk(root, indices)
-        while pos < len(key):
-            child = node.children.get(page_key(key, pos, self.page_size))
+        page, clock, end, pos = self.page_size, self._clock, len(key), 0
+        while pos < end:
+            child = node.children.get(key[pos] if page == 1 else tuple(key[pos : pos + page]))
             if child is None:
                 break
             # SECURITY: fail closed on a foreign node: return only what was matched above it.
             if child.owner != expected_owner:
                 self._violation(ns, "match", f"expected_owner={expected_owner} found_owner={child.owner}")
                 break
-            n = common_prefix_len(child.key, key, pos, self.page_size)
+            n = common_prefix_len(child.key, key, pos, page)
             assert n > 0, f"{n=} {pos=}"
             if n < len(child.key):
                 child = self._split(child, n)
-            child.last_access = self._clock
-            indices.extend(child.value)
+            child.last_access = clock
+            indices += child.value
             node, pos = child, pos + n
         return _Walk(node, indices)
 
-    def _store(self, root: RootNode, key: Sequence[int], values: list[int], expected_owner: str, ns: str) -> _Stored:
-        """Insert ``key -> values`` under ``root``; the new leaf is owned by ``expected_owner``."""
+    def _store(self, root: RootNode, key: array, values: tuple[int, ...], expected_owner: str, ns: str) -> _Stored:
+        """Insert ``key -> values`` under ``root``; the new leaf is owned by ``expected_owner``.
+
+        ``values`` are the caller's slots, unchecked: only the new range is stored, and it goes through
+        :func:`exact_slots` first; the cached range is only compared.
+        """
         node: TreeNode = root
         duplicates: list[int] = []
-        pos = 0
         if root.owner != expected_owner:
             self._violation(ns, "insert", f"expected_owner={expected_owner} root_owner={root.owner}")
             return _Stored(root, 0, 0, duplicates)
-        while pos < len(key):
-            child = node.children.get(page_key(key, pos, self.page_size))
+        page, clock, end, pos = self.page_size, self._clock, len(key), 0
+        while pos < end:
+            child = node.children.get(key[pos] if page == 1 else tuple(key[pos : pos + page]))
             if child is None:
                 break
             # SECURITY: never extend or split another namespace's node; store nothing further.
             if child.owner != expected_owner:
                 self._violation(ns, "insert", f"expected_owner={expected_owner} found_owner={child.owner}")
                 return _Stored(node, pos, 0, duplicates)
-            n = common_prefix_len(child.key, key, pos, self.page_size)
+            n = common_prefix_len(child.key, key, pos, page)
             assert n > 0, f"{n=} {pos=}"
             if n < len(child.key):
                 child = self._split(child, n)
-            child.last_access = self._clock
+            child.last_access = clock
             mine = values[pos : pos + n]
-            duplicates.extend(m for m, cached in zip(mine, child.value, strict=True) if m != cached)
+            if mine != child.value:
+                duplicates += exact_slots([m for m, cached in zip(mine, child.value, strict=True) if m != cached])
             node, pos = child, pos + n
+        resident = self._resident
         # SECURITY: a slot the tree already owns must not be handed back to the caller as a duplicate,
         # nor stored twice (it would be freed twice and reused under two owners).
-        if not self._resident.isdisjoint(duplicates):
+        if duplicates and not resident.isdisjoint(duplicates):
             self._violation(ns, "insert", "caller passed slots already owned by the cache")
-            duplicates = [i for i in duplicates if i not in self._resident]
-        if pos == len(key):
+            duplicates = [i for i in duplicates if i not in resident]
+        if pos == end:
             return _Stored(node, pos, 0, duplicates)
-        new = values[pos:]
-        if len(set(new)) != len(new) or not self._resident.isdisjoint(new) or not set(new).isdisjoint(duplicates):
+        new = exact_slots(values[pos:])
+        if duplicates and not set(duplicates).isdisjoint(new):
             self._violation(ns, "insert", "refused slots already owned by the cache")
             return _Stored(node, pos, 0, duplicates)
-        leaf = TreeNode(expected_owner, tuple(key[pos:]), new, node)
-        leaf.last_access = self._clock
-        node.children[page_key(leaf.key, 0, self.page_size)] = leaf
-        self._resident.update(new)
+        # NOTE: claim and check in one pass: the set grows by len(new) iff no new slot was resident and none
+        # repeats. The rare failure is undone by ``_unclaim``, which recomputes what the nodes hold.
+        before = len(resident)
+        resident.update(new)
+        if len(resident) - before != len(new):
+            self._unclaim(new)
+            self._violation(ns, "insert", "refused slots already owned by the cache")
+            return _Stored(node, pos, 0, duplicates)
+        leaf = TreeNode(expected_owner, key[pos:], new, node)
+        leaf.last_access = clock
+        node.children[page_key(leaf.key, 0, page)] = leaf
         state = self._state(expected_owner)
         state.evictable += len(new)
         state.inserted_tokens += len(new)
+        if isinstance(node, RootNode):
+            if node.kind == "cont":
+                self._refresh_shared_leaves(node)
+            self._refresh_leaf(leaf)
+        else:
+            # Same root, hence same owner: the parent stops being a leaf, the new node is one.
+            state.leaves.pop(node, None)
+            state.leaves[leaf] = None
         return _Stored(leaf, pos, len(new), duplicates)
+
+    def _unclaim(self, slots: tuple[int, ...]) -> None:
+        """Undo a failed ``_resident.update(slots)``: keep exactly the slots some node still holds."""
+        stale = set(slots)
+        held = {s for root in self._all_roots() for n in iter_subtree(root) for s in n.value if s in stale}
+        self._resident.difference_update(stale - held)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after ``n`` tokens; returns the new upper half. Owner, locks and sizes carry over."""
@@ -206,6 +281,10 @@ class TreeCore:
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         upper.children[page_key(child.key, 0, self.page_size)] = child
         parent.children[page_key(upper.key, 0, self.page_size)] = upper
+        # The upper half has a child, so it is no leaf; ``child`` keeps its status unless it just left a shared
+        # root (where leaves follow a stricter rule).
+        if isinstance(parent, RootNode) and parent.kind == "shared":
+            self._refresh_leaf(child)
         return upper
 
     def _check_attached(self, node: TreeNode) -> None:
@@ -230,9 +309,12 @@ class TreeCore:
             size = len(walk.value)
             if delta > 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable - size, state.protected + size
+                state.leaves.pop(walk, None)
             walk.lock_ref += delta
             if delta < 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable + size, state.protected - size
+                if not walk.children:
+                    self._refresh_leaf(walk)
             walk = walk.parent
 
     def _is_evictable(self, node: TreeNode) -> bool:
@@ -244,38 +326,79 @@ class TreeCore:
             return not any(r.children for r in self._cont.get(parent.shared_name or "", {}).values())
         return True
 
-    def _evict_lru(self, budget: int, roots: list[RootNode] | None) -> int:
-        """Evict LRU unlocked leaves under ``roots`` (None: all) until ``budget`` tokens are freed."""
-        scope = self._all_roots() if roots is None else roots
-        in_scope = {id(r) for r in scope}
-        seq = itertools.count()
-        heap = [(n.last_access, next(seq), n, r) for r in scope for n in iter_subtree(r) if self._is_evictable(n)]
+    def _refresh_leaf(self, node: TreeNode) -> None:
+        """Put ``node`` in or out of its owner's evictable-leaf set, per ``_is_evictable``."""
+        leaves = self._ns[node.owner].leaves
+        if self._is_evictable(node):
+            leaves[node] = None
+        else:
+            leaves.pop(node, None)
+
+    def _refresh_shared_leaves(self, cont_root: RootNode) -> list[TreeNode]:
+        """Re-rate the shared node above ``cont_root`` (its continuations changed); returns it if evictable."""
+        shared_root = self._shared_roots[cont_root.shared_name or ""]
+        out = []
+        for shared_node in shared_root.children.values():
+            self._refresh_leaf(shared_node)
+            if shared_node in self._ns[shared_node.owner].leaves:
+                out.append(shared_node)
+        return out
+
+    def _evict_lru(self, budget: int, scope: EvictScope) -> int:
+        """Evict LRU unlocked leaves in ``scope`` (see ``EvictScope``) until ``budget`` tokens are freed."""
+        if budget <= 0:
+            return 0
+        if scope is None:
+            cands = [n for st in self._ns.values() for n in st.leaves]
+        elif isinstance(scope, str):
+            state = self._ns.get(scope)
+            cands = [] if state is None else list(state.leaves)
+        else:
+            cands = [n for r in scope for n in iter_subtree(r) if n in self._ns[n.owner].leaves]
+        # NOTE: the index breaks last_access ties deterministically (leaf sets are insertion-ordered).
+        heap = [(n.last_access, i, n) for i, n in enumerate(cands)]
         heapq.heapify(heap)
+        seq = len(heap)
         freed = 0
         while heap and freed < budget:
-            _, _, node, root = heapq.heappop(heap)
+            node = heapq.heappop(heap)[2]
             if not self._is_evictable(node):
                 continue
             freed += len(node.value)
-            for cand, cand_root in self._remove_leaf(node, root):
-                if id(cand_root) in in_scope and self._is_evictable(cand):
-                    heapq.heappush(heap, (cand.last_access, next(seq), cand, cand_root))
+            for cand in self._remove_leaf(node):
+                if self._in_scope(cand, scope):
+                    heapq.heappush(heap, (cand.last_access, seq, cand))
+                    seq += 1
         return freed
 
-    def _remove_leaf(self, node: TreeNode, root: RootNode) -> list[tuple[TreeNode, RootNode]]:
-        """Detach an evictable leaf, free its slots; returns nodes that may have become evictable."""
+    def _in_scope(self, node: TreeNode, scope: EvictScope) -> bool:
+        """Whether a node that just became evictable may be taken by the running ``_evict_lru``."""
+        if scope is None:
+            return True
+        if isinstance(scope, str):
+            return node.owner == scope
+        walk: TreeNode | None = node
+        while walk is not None and not isinstance(walk, RootNode):
+            walk = walk.parent
+        return any(walk is r for r in scope)
+
+    def _remove_leaf(self, node: TreeNode) -> list[TreeNode]:
+        """Detach an evictable leaf, free its slots; returns nodes that became evictable leaves by it."""
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0, f"{node=}"
         del parent.children[page_key(node.key, 0, self.page_size)]
         node.parent = None
         state = self._ns[node.owner]
+        state.leaves.pop(node, None)
         state.evictable -= len(node.value)
         state.evicted_tokens += len(node.value)
         self._resident.difference_update(node.value)
         self._free_fn(list(node.value))
-        if parent is not root:
-            return [(parent, root)]
-        if root.kind == "cont" and root.shared_name is not None and not parent.children:
-            shared_root = self._shared_roots[root.shared_name]
-            return [(n, shared_root) for n in shared_root.children.values()]
+        if not isinstance(parent, RootNode):
+            if parent.children or parent.lock_ref:
+                return []
+            self._refresh_leaf(parent)
+            return [parent] if parent in self._ns[parent.owner].leaves else []
+        if parent.kind == "cont" and not parent.children:
+            return self._refresh_shared_leaves(parent)
         return []
