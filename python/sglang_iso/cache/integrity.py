@@ -5,6 +5,8 @@ Accounting equation, per namespace ``ns``::
     evictable[ns] = sum(len(n.value) for n owned by ns if n.lock_ref == 0)
     protected[ns] = sum(len(n.value) for n owned by ns if n.lock_ref >  0)
     evictable_size() + protected_size() = total_size() = len(resident slots)
+
+and ``state.leaves`` of each namespace is exactly its nodes that ``_is_evictable`` accepts.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
     evictable: Counter[str] = Counter()
     protected: Counter[str] = Counter()
     slots: Counter[int] = Counter()
+    leaves: dict[str, set[int]] = {}
     roots: list[tuple[RootNode, str]] = [(r, ns) for ns, r in tree._private.items()]
     for name, root in tree._shared_roots.items():
         decl = tree._shared[name]
@@ -32,7 +35,7 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
         kids = list(root.children.values())
         assert len(kids) <= 1, f"shared prefix {name!r} has {len(kids)=} nodes"
         for kid in kids:
-            assert kid.key == decl.tokens, f"shared prefix {name!r} stores {len(kid.key)=} != {len(decl.tokens)=}"
+            assert kid.key == decl.key, f"shared prefix {name!r} stores {len(kid.key)=} != {len(decl.key)=}"
     for name, by_ns in tree._cont.items():
         shared_nodes = list(tree._shared_roots[name].children.values())
         for ns, root in by_ns.items():
@@ -61,6 +64,9 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
                 if not isinstance(parent, RootNode):
                     assert parent.lock_ref >= node.lock_ref, f"{parent.lock_ref=} {node.lock_ref=}"
                 (protected if node.lock_ref else evictable)[node.owner] += len(node.value)
+                assert type(node.value) is tuple, f"{type(node.value)=}"
+                if tree._is_evictable(node):
+                    leaves.setdefault(node.owner, set()).add(id(node))
                 slots.update(node.value)
                 stack.append(node)
     # NOTE: every lock on a continuation node also locked the shared node, because handles cover both segments.
@@ -76,6 +82,12 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
         assert state.evictable == evictable[ns], f"{ns=} {state.evictable=} {evictable[ns]=}"
         assert state.protected == protected[ns], f"{ns=} {state.protected=} {protected[ns]=}"
         assert state.evictable >= 0 and state.protected >= 0, f"{ns=} {state.evictable=} {state.protected=}"
+    for ns, state in tree._ns.items():
+        kept = {id(n) for n in state.leaves}
+        want = leaves.get(ns, set())
+        assert kept == want, (
+            f"{ns=} evictable leaves: {len(kept)=} {len(want)=} {len(kept - want)=} {len(want - kept)=}"
+        )
     unknown = (set(evictable) | set(protected)) - set(tree._ns)
     assert not unknown, f"nodes owned by namespaces without accounting: {unknown=}"
     total, ev, pr = tree.total_size(), tree.evictable_size(), tree.protected_size()

@@ -22,6 +22,7 @@ one namespace LRU is what the quota already needs.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -37,7 +38,7 @@ from sglang_iso.cache.results import (
     NodeHandle,
     Policy,
 )
-from sglang_iso.cache.tree_core import TreeCore
+from sglang_iso.cache.tree_core import TreeCore, as_key
 
 _EMPTY_HANDLE = NodeHandle(())
 
@@ -79,18 +80,18 @@ class TenantRadixTree(TreeCore):
         with ``tokens``; later readers in ``scope`` (``"*"``: every tenant) hit it.
 
         Raises:
-            ValueError: bad or duplicate name, empty or page-unaligned tokens, bad readers.
+            ValueError: bad or duplicate name, empty, page-unaligned or non-int tokens, bad readers.
         """
         if not isinstance(name, str) or SHARED_NAME_PATTERN.fullmatch(name) is None:
             raise ValueError(f"shared name must match {SHARED_NAME_PATTERN.pattern!r}, got {name!r}")
         if name in self._shared:
             raise ValueError(f"shared prefix {name!r} is already declared")
-        key = tuple(tokens)
+        key = array("q", as_key(tokens, len(tokens)))  # a copy: the caller may reuse its array
         if not key or len(key) % self.page_size:
             raise ValueError(f"shared tokens must be a non-zero multiple of {self.page_size=}, got {len(key)}")
         if readers != "*" and not (isinstance(readers, frozenset) and all(isinstance(r, str) for r in readers)):
             raise ValueError(f"readers must be a frozenset of tenant ids or '*', got {readers!r}")
-        decl = SharedPrefix(name, key, readers, scope)
+        decl = SharedPrefix(name, tuple(key), readers, scope, key)
         self._shared[name] = decl
         self._shared_roots[name] = RootNode(decl.namespace, "shared", name)
         self._state(decl.namespace)
@@ -105,6 +106,10 @@ class TenantRadixTree(TreeCore):
         if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
             raise ValueError(f"quota must be None or an int >= 0, got {tokens!r}")
         self._state(ns).quota = tokens
+        if tokens is None:
+            self._quota_ns.discard(ns)
+        else:
+            self._quota_ns.add(ns)
 
     def set_policy(self, ns: str, policy: Policy) -> None:
         """``"off"``: ``ns`` stops inserting and matching (existing entries stay until evicted or flushed)."""
@@ -120,6 +125,9 @@ class TenantRadixTree(TreeCore):
 
         Mutates: LRU clocks on the path, may split a node at the match end, hit counters.
         The indices are only safe to use beyond this call once ``last_node`` is locked.
+
+        Raises:
+            ValueError: bad ``ns``, or a token that is not an int in the int64 range.
         """
         self._check_ns(ns, allow_shared=False)
         state = self._state(ns)
@@ -129,25 +137,26 @@ class TenantRadixTree(TreeCore):
         self._clock += 1
         state.lookup_tokens += len(key)
         shared = self._route(ns, key)
-        ends: list[TreeNode] = []
         if shared is None:
             root = self._private.get(ns)
             if root is None:
                 return MatchResult((), _EMPTY_HANDLE, 0)
             walk = self._walk(root, key, ns, ns)
-            indices, ends = walk.indices, [walk.node]
-        else:
-            n_shared = len(shared.tokens)
-            head = self._walk(self._shared_roots[shared.name], key[:n_shared], shared.namespace, ns)
-            if len(head.indices) != n_shared:
+            if walk.node is root:
                 return MatchResult((), _EMPTY_HANDLE, 0)
-            indices, ends = head.indices, [head.node]
-            self._ns[shared.namespace].hit_tokens += n_shared
-            cont = self._cont.get(shared.name, {}).get(ns)
-            if cont is not None:
-                tail = self._walk(cont, key[n_shared:], ns, ns)
-                indices = indices + tail.indices
-                ends.append(tail.node)
+            state.hit_tokens += len(walk.indices)
+            return MatchResult(tuple(walk.indices), NodeHandle((walk.node,)), len(walk.indices))
+        n_shared = len(shared.tokens)
+        head = self._walk(self._shared_roots[shared.name], key[:n_shared], shared.namespace, ns)
+        if len(head.indices) != n_shared:
+            return MatchResult((), _EMPTY_HANDLE, 0)
+        indices, ends = head.indices, [head.node]
+        self._ns[shared.namespace].hit_tokens += n_shared
+        cont = self._cont.get(shared.name, {}).get(ns)
+        if cont is not None:
+            tail = self._walk(cont, key[n_shared:], ns, ns)
+            indices = indices + tail.indices
+            ends.append(tail.node)
         state.hit_tokens += len(indices)
         handle = NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode)))
         return MatchResult(tuple(indices), handle, len(indices))
@@ -162,7 +171,8 @@ class TenantRadixTree(TreeCore):
         Mutates: the tree, LRU clocks, accounting; may call ``free_fn`` (quota).
 
         Raises:
-            ValueError: bad ``ns`` or ``len(indices) != len(tokens)``.
+            ValueError: bad ``ns``, ``len(indices) != len(tokens)``, a token that is not an int in the int64
+                range, or a stored index that is not an integer.
         """
         self._check_ns(ns, allow_shared=False)
         if len(indices) != len(tokens):
@@ -170,7 +180,8 @@ class TenantRadixTree(TreeCore):
         if self._state(ns).policy == "off":
             return InsertResult(0, 0, ())
         key = self._aligned(tokens)
-        values = [int(i) for i in indices[: len(key)]]
+        # Unchecked here: ``_store`` converts the slots it stores (``exact_slots``) and only compares the rest.
+        values = tuple(indices[: len(key)])
         self._clock += 1
         shared = self._route(ns, key)
         if shared is None:
@@ -194,7 +205,7 @@ class TenantRadixTree(TreeCore):
                     result = InsertResult(0, n_shared + tail.inserted_len, dups)
                 else:
                     result = InsertResult(n_shared + tail.prefix_len, tail.inserted_len, dups)
-        self._enforce_quota(ns, NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode))))
+        self._enforce_quota(ns, ends)
         return result
 
     def inc_lock(self, handle: NodeHandle) -> None:
@@ -237,13 +248,16 @@ class TenantRadixTree(TreeCore):
         while freed < num_tokens:
             over = [
                 (st.resident - st.quota, ns)
-                for ns, st in self._ns.items()
-                if st.quota is not None and st.resident > st.quota and st.evictable > 0 and ns not in stuck
+                for ns in self._quota_ns
+                if (st := self._ns[ns]).quota is not None
+                and st.resident > st.quota
+                and st.evictable > 0
+                and ns not in stuck
             ]
             if not over:
                 break
             excess, ns = max(over)
-            got = self._evict_lru(min(excess, num_tokens - freed), self._owned_roots(ns))
+            got = self._evict_lru(min(excess, num_tokens - freed), ns)
             if got == 0:
                 stuck.add(ns)
             freed += got
@@ -279,6 +293,7 @@ class TenantRadixTree(TreeCore):
         for state in self._ns.values():
             state.evicted_tokens += state.evictable
             state.evictable = 0
+            state.leaves.clear()
         self._resident.clear()
         for node in nodes:
             node.parent = None
@@ -314,13 +329,14 @@ class TenantRadixTree(TreeCore):
 
     # -------------------------------------------------------------------------------------------------- private
 
-    def _enforce_quota(self, ns: str, fresh: NodeHandle) -> None:
+    def _enforce_quota(self, ns: str, ends: list[TreeNode]) -> None:
         state = self._ns[ns]
         if state.quota is None or state.resident <= state.quota:
             return
         # NOTE: lock the path just inserted, because the caller is still using those slots.
+        fresh = NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode)))
         self.inc_lock(fresh)
         try:
-            self._evict_lru(state.resident - state.quota, self._owned_roots(ns))
+            self._evict_lru(state.resident - state.quota, ns)
         finally:
             self.dec_lock(fresh)
