@@ -47,7 +47,9 @@ class Client:
     name: ClassVar[str] = ""
     path: ClassVar[str] = ""
 
-    def __init__(self, base_url: str, *, timing: str = "ttft", model: str = "default", timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, base_url: str, *, timing: str = "ttft", model: str = "default", timeout_s: float = 120.0
+    ) -> None:
         if timing not in TIMINGS:
             raise ValueError(f"unknown timing {timing!r}; choose from {list(TIMINGS)}")
         root = base_url.rstrip("/")

@@ -2,9 +2,9 @@
 
 A guaranteed miss needs a prompt nobody has sent before, and a hit candidate must not share a long prefix with
 any earlier prompt (or the "miss" samples would partly hit too). Distinct first words keep any shared prefix to
-the one or two tokens a byte-level tokenizer may cut from a common first syllable. Each prompt is a sequence of random lowercase
-words; the generator mixes a per-run salt into its seed, so a rerun with the same ``--seed`` never meets a
-previous run's cache entries.
+the one or two tokens a byte-level tokenizer may cut from a common first syllable. Each prompt is a sequence
+of random lowercase words; the generator mixes a per-run salt into its seed, so a rerun with the same
+``--seed`` never meets a previous run's cache entries.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,8 @@ def write_plot(path: Path, results: list[ScopeResult], samples: list[ScopeSample
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
             ax.step(xs, ys, where="post", label=label, color=color)
         ax.set_title(f"{r.scope}: p={r.p_value:.2g} ({r.verdict})", fontsize=10)
-        ax.set_xlabel("latency (ms)")
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (ms, log scale)")
         ax.set_ylabel("empirical CDF")
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(title, fontsize=10)
