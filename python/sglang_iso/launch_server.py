@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_iso.integration.backend import SCRUB_ENV
 
     os.environ[SCRUB_ENV] = plan.kv_scrub
+    if plan.audit_log is not None:
+        from sglang_iso.observability import AUDIT_LOG_ENV
+
+        os.environ[AUDIT_LOG_ENV] = plan.audit_log
     if plan.tenants_file is not None:
         from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 

@@ -6,10 +6,12 @@ same-tenant cache hit in the same run (a server with caching off would fail it).
 
 from __future__ import annotations
 
+import json
 import secrets
 import string
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +67,11 @@ def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
     path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
-    srv = start_iso_server("--tenants-file", str(path), "--enable-cache-report")
+    srv = start_iso_server(
+        "--tenants-file", str(path), "--enable-cache-report", "--enable-metrics",
+        "--iso-audit-log", str(path.parent / "audit.jsonl"),
+    )  # fmt: skip
+    srv.audit_path = path.parent / "audit.jsonl"  # type: ignore[attr-defined]
     try:
         srv.start()
         yield srv
@@ -277,3 +283,26 @@ def test_declared_shared_prefix_is_shared_by_readers_only(server: ServerProcess,
     assert shared_hit <= cross_hit <= shared_hit + 1
     outsider_hit, _ = chat_cached("hooli", long_prompt())
     assert outsider_hit == 0  # hooli is not a reader
+
+
+def test_metrics_and_audit_log_per_tenant_without_prompt_text(server: ServerProcess, keys: dict[str, str]) -> None:
+    secret_word = f"canary{uuid.uuid4().hex}"
+    text = long_prompt() + " " + secret_word
+    generate(server, keys["acme"], text)
+    assert generate(server, keys["acme"], text)["cached_tokens"] > 0
+    server.post("/generate", {"text": "x"}, headers=auth("sk-iso-nope"))
+    time.sleep(1.5)  # the scheduler exports its counters at most once a second
+    generate(server, keys["acme"], long_prompt())
+    status, body = server.get("/metrics")
+    assert status == 200
+    assert 'sglang_iso:cached_tokens_total{tenant="acme"}' in body
+    assert 'sglang_iso:auth_failures_total{reason="unknown_key"}' in body
+    assert 'sglang_iso:resident_tokens{tenant="acme"}' in body
+    assert keys["acme"] not in body and secret_word not in body
+    lines = [json.loads(line) for line in server.audit_path.read_text().splitlines()]  # type: ignore[attr-defined]
+    hits = [e for e in lines if e["event"] == "cache_hit" and e["tenant"] == "acme"]
+    assert hits and all(e["hit_tokens"] > 0 and e["namespace"] for e in hits)
+    assert any(e["event"] == "auth_failure" for e in lines)
+    assert any(e["event"] == "admin_action" for e in lines)  # /iso/* and /flush_cache calls earlier in the module
+    raw = server.audit_path.read_text()  # type: ignore[attr-defined]
+    assert secret_word not in raw and keys["acme"] not in raw

@@ -88,6 +88,9 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
         assert kept == want, (
             f"{ns=} evictable leaves: {len(kept)=} {len(want)=} {len(kept - want)=} {len(want - kept)=}"
         )
+    every = {id(n) for n in tree._leaves}
+    union = set().union(*leaves.values())
+    assert every == union, f"global evictable leaves: {len(every)=} {len(union)=} {len(every ^ union)=}"
     unknown = (set(evictable) | set(protected)) - set(tree._ns)
     assert not unknown, f"nodes owned by namespaces without accounting: {unknown=}"
     total, ev, pr = tree.total_size(), tree.evictable_size(), tree.protected_size()

@@ -294,6 +294,7 @@ class TenantRadixTree(TreeCore):
             state.evicted_tokens += state.evictable
             state.evictable = 0
             state.leaves.clear()
+        self._leaves.clear()
         self._resident.clear()
         for node in nodes:
             node.parent = None

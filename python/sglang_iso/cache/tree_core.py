@@ -19,7 +19,7 @@ import heapq
 import logging
 import operator
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, NamedTuple
 
 from sglang_iso.cache.namespaces import NamespaceState, Registration, SharedPrefix
@@ -105,6 +105,9 @@ class TreeCore:
         """Namespaces with a quota set (the only ones ``evict`` checks for excess first)."""
         self._resident: set[int] = set()
         """Every slot currently owned by some node."""
+        self._leaves: dict[TreeNode, None] = {}
+        """Every namespace's evictable leaves (the union of ``NamespaceState.leaves``, same rule), as an
+        insertion-ordered set: a global eviction heaps over it without visiting each namespace."""
         self._clock = 0
         """Logical LRU clock, +1 per match/insert."""
         self._violations = 0
@@ -262,7 +265,9 @@ class TreeCore:
         else:
             # Same root, hence same owner: the parent stops being a leaf, the new node is one.
             state.leaves.pop(node, None)
+            self._leaves.pop(node, None)
             state.leaves[leaf] = None
+            self._leaves[leaf] = None
         return _Stored(leaf, pos, len(new), duplicates)
 
     def _unclaim(self, slots: tuple[int, ...]) -> None:
@@ -310,6 +315,7 @@ class TreeCore:
             if delta > 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable - size, state.protected + size
                 state.leaves.pop(walk, None)
+                self._leaves.pop(walk, None)
             walk.lock_ref += delta
             if delta < 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable + size, state.protected - size
@@ -331,8 +337,10 @@ class TreeCore:
         leaves = self._ns[node.owner].leaves
         if self._is_evictable(node):
             leaves[node] = None
+            self._leaves[node] = None
         else:
             leaves.pop(node, None)
+            self._leaves.pop(node, None)
 
     def _refresh_shared_leaves(self, cont_root: RootNode) -> list[TreeNode]:
         """Re-rate the shared node above ``cont_root`` (its continuations changed); returns it if evictable."""
@@ -340,7 +348,7 @@ class TreeCore:
         out = []
         for shared_node in shared_root.children.values():
             self._refresh_leaf(shared_node)
-            if shared_node in self._ns[shared_node.owner].leaves:
+            if shared_node in self._leaves:
                 out.append(shared_node)
         return out
 
@@ -348,14 +356,16 @@ class TreeCore:
         """Evict LRU unlocked leaves in ``scope`` (see ``EvictScope``) until ``budget`` tokens are freed."""
         if budget <= 0:
             return 0
+        cands: Iterable[TreeNode]
         if scope is None:
-            cands = [n for st in self._ns.values() for n in st.leaves]
+            cands = self._leaves
         elif isinstance(scope, str):
             state = self._ns.get(scope)
-            cands = [] if state is None else list(state.leaves)
+            cands = () if state is None else state.leaves
         else:
-            cands = [n for r in scope for n in iter_subtree(r) if n in self._ns[n.owner].leaves]
-        # NOTE: the index breaks last_access ties deterministically (leaf sets are insertion-ordered).
+            cands = [n for r in scope for n in iter_subtree(r) if n in self._leaves]
+        # NOTE: the index breaks last_access ties deterministically (leaf sets are insertion-ordered). The heap is
+        # built before anything is removed, so iterating the live leaf dicts here is safe.
         heap = [(n.last_access, i, n) for i, n in enumerate(cands)]
         heapq.heapify(heap)
         seq = len(heap)
@@ -390,6 +400,7 @@ class TreeCore:
         node.parent = None
         state = self._ns[node.owner]
         state.leaves.pop(node, None)
+        self._leaves.pop(node, None)
         state.evictable -= len(node.value)
         state.evicted_tokens += len(node.value)
         self._resident.difference_update(node.value)
@@ -398,7 +409,7 @@ class TreeCore:
             if parent.children or parent.lock_ref:
                 return []
             self._refresh_leaf(parent)
-            return [parent] if parent in self._ns[parent.owner].leaves else []
+            return [parent] if parent in self._leaves else []
         if parent.kind == "cont" and not parent.children:
             return self._refresh_shared_leaves(parent)
         return []

@@ -11,6 +11,7 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_iso import observability
 from sglang_iso.server.gate import STATE_TENANT, TenantGate
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
@@ -30,7 +31,7 @@ _tagger: NamespaceTagger | None = None
 def install() -> None:
     """Register the front-end hooks (every process; they only act in the HTTP process)."""
     HookRegistry.register(_GATE_TARGET, install_gate, HookType.BEFORE)
-    HookRegistry.register(_TAG_TARGET, tag_request, HookType.BEFORE)
+    HookRegistry.register(_TAG_TARGET, tag_and_observe, HookType.AROUND)
 
 
 def tenants_config() -> TenantsConfig | None:
@@ -123,23 +124,35 @@ def _make_tagger(config: TenantsConfig, server_args: Any) -> NamespaceTagger:
     )
 
 
-def tag_request(_manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``TokenizerManager.generate_request``: overwrite the namespace with the server's tag.
+def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``TokenizerManager.generate_request``: tag the request, then observe its outputs.
 
-    A request without an authenticated tenant (an internal or unexpected path)
-    gets no tag, so the scheduler serves it without any prefix sharing.
+    Tagging overwrites the namespace with the server's tag; a request without an
+    authenticated tenant (an internal or unexpected path) gets no tag, so the
+    scheduler serves it without any prefix sharing. Observation feeds the
+    per-tenant metrics and the audit log from the final outputs.
     """
+    request = kwargs.pop("request", request)
+    tenant = tag_request(obj, request)
+    outputs = original(manager, obj, request, *args, **kwargs)
+    if tenant is None or (observability.metrics() is None and observability.audit_logger() is None):
+        return outputs
+    return _observe(outputs, tenant, _short_namespace(getattr(obj, "extra_key", None)))
+
+
+def tag_request(obj: Any, request: Any) -> str | None:
+    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any."""
     if os.environ.get(TENANTS_FILE_ENV) is None:
-        return
-    request = kwargs.get("request", request)
+        return None
     state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
+    tenant = state if isinstance(state, str) else None
     tagger = _tagger
     tag = None
-    if isinstance(state, str) and tagger is not None:
+    if tenant is not None and tagger is not None:
         salt = getattr(obj, "cache_salt", None)
         lora = getattr(obj, "lora_path", None)
         tag = tagger.tag(
-            state,
+            tenant,
             cache_salt=salt if isinstance(salt, str) else None,
             adapter=lora if isinstance(lora, str) else None,
         )
@@ -147,3 +160,33 @@ def tag_request(_manager: Any, obj: Any, request: Any = None, *args: Any, **kwar
         obj.extra_key = tag
     if hasattr(obj, "cache_salt"):
         obj.cache_salt = None
+    return tenant
+
+
+def _short_namespace(tag: Any) -> str | None:
+    # iso1.<owner>.<namespace id>.<mac>: the first 12 hex chars of the id identify it in logs.
+    parts = tag.split(".") if isinstance(tag, str) else []
+    return parts[2][:12] if len(parts) == 4 else None
+
+
+async def _observe(outputs: Any, tenant: str, namespace: str | None) -> Any:
+    async for out in outputs:
+        for item in out if isinstance(out, list) else [out]:
+            meta = item.get("meta_info") if isinstance(item, dict) else None
+            if isinstance(meta, dict) and meta.get("finish_reason") is not None:
+                _record(tenant, namespace, meta)
+        yield out
+
+
+def _record(tenant: str, namespace: str | None, meta: dict[str, Any]) -> None:
+    prompt_tokens = int(meta.get("prompt_tokens") or 0)
+    cached = int(meta.get("cached_tokens") or 0)
+    m = observability.metrics()
+    if m is not None:
+        m["prompt_tokens"].labels(tenant=tenant).inc(prompt_tokens)
+        m["cached_tokens"].labels(tenant=tenant).inc(cached)
+    if cached > 0:
+        observability.audit(
+            "cache_hit", tenant=tenant, namespace=namespace, hit_tokens=cached,
+            prompt_tokens=prompt_tokens, rid=meta.get("id"),
+        )  # fmt: skip

@@ -22,6 +22,7 @@ Request lifecycle (page_size p; ``protected`` = ``req.kv.cache_protected_len``):
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -39,6 +40,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
+from sglang_iso import observability
 from sglang_iso.cache import NodeHandle, Policy, TenantRadixTree
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
@@ -100,6 +102,8 @@ class TenantRadixCache(BasePrefixCache):
         self._configured: set[str] = set()
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
+        self._exported: dict[str, int] = {}  # counter values already exported to metrics / audit
+        self._last_export = 0.0
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root_node = IsoNode(NodeHandle(()), self._empty_indices, None)
 
@@ -116,6 +120,7 @@ class TenantRadixCache(BasePrefixCache):
         if self.disable or ns is None or len(key) < self.page_size:
             return self._miss()
         found = self.tree.match(ns, key.token_ids[: len(key)])
+        self._maybe_export()
         if found.prefix_len == 0:
             return self._miss()
         node = IsoNode(found.last_node, self._tensor(found.indices), ns)
@@ -181,7 +186,9 @@ class TenantRadixCache(BasePrefixCache):
     def evict(self, params: EvictParams) -> EvictResult:
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
-        return EvictResult(num_tokens_evicted=self.tree.evict(params.num_tokens))
+        evicted = self.tree.evict(params.num_tokens)
+        self._maybe_export()
+        return EvictResult(num_tokens_evicted=evicted)
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
         if self.disable or not isinstance(node, IsoNode) or node.handle.is_empty:
@@ -283,6 +290,41 @@ class TenantRadixCache(BasePrefixCache):
         return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.tenant_of(ns) == owner)
 
     # ------------------------------------------------------------------------------------------ private
+
+    def _maybe_export(self, min_interval_s: float = 1.0) -> None:
+        """Push per-tenant gauges and counter deltas to metrics and the audit log (throttled)."""
+        now = time.monotonic()
+        if now - self._last_export < min_interval_s:
+            return
+        self._last_export = now
+        audit_log = observability.scheduler_audit_logger()  # first: this process writes PATH.scheduler
+        m = observability.metrics()
+        if m is None and audit_log is None:
+            return
+        for owner, row in self.tenant_stats().items():
+            if m is not None:
+                m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
+                m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
+            for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
+                delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
+                if delta and m is not None:
+                    m[metric].labels(tenant=owner).inc(delta)
+                if delta and field == "violations":
+                    observability.audit("isolation_violation", tenant=owner, count=delta)
+        rejected = self._delta("unverified/violations", self.resolver.rejected_tags)
+        if rejected:
+            if m is not None:
+                m["violations"].labels(tenant="unverified").inc(rejected)
+            observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
+        if self.scrubber is not None:
+            scrubbed = self._delta("scrubbed_pages", self.scrubber.scrubbed_pages)
+            if scrubbed and m is not None:
+                m["scrubbed_pages"].inc(scrubbed)
+
+    def _delta(self, name: str, value: int) -> int:
+        delta = value - self._exported.get(name, 0)
+        self._exported[name] = value
+        return max(delta, 0)
 
     def _release_slots(self, slots: list[int]) -> None:
         """The only path by which slots leave the tree for the allocator."""

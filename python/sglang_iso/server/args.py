@@ -32,6 +32,7 @@ class LaunchPlan(NamedTuple):
     dry_run: bool
     tenants_file: str | None  # absolute path, validated by the caller
     kv_scrub: str  # "on-free" or "off"
+    audit_log: str | None  # absolute path
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +55,13 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         choices=["on-free", "off"],
         default="on-free",
         help="on-free: zero every freed KV page before it is handed out again (default); off: never.",
+    )
+    group.add_argument(
+        "--iso-audit-log",
+        default=None,
+        metavar="PATH",
+        help="JSON-lines audit log (size-rotated): cache hits, auth failures, admin actions; violations go to "
+        "PATH.scheduler. No prompt text.",
     )
     group.add_argument(
         "--iso-dry-run",
@@ -109,6 +117,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         dry_run=ours.iso_dry_run,
         tenants_file=str(Path(ours.tenants_file).resolve()) if ours.tenants_file else None,
         kv_scrub=ours.kv_scrub,
+        audit_log=str(Path(ours.iso_audit_log).resolve()) if ours.iso_audit_log else None,
     )
 
 

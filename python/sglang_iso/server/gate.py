@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from sglang_iso import observability
 from sglang_iso.tenancy.keys import KeyIndex, parse_bearer
 
 logger = logging.getLogger(__name__)
@@ -101,15 +102,19 @@ class TenantGate:
         if key is not None:
             principal = self.keys.lookup(key)
         if principal is None:
+            _refused("missing_key" if key is None else "unknown_key", path)
             await self._error(send, 401, "invalid_api_key", "Missing or unknown API key.", "authentication_error")
             return
         if path not in TENANT_PATHS:
             if not principal.is_admin:
+                _refused("admin_required", path, tenant=principal.tenant_id)
                 await self._error(send, 403, "admin_required", f"{path} needs an admin key.", "permission_error")
                 return
+            observability.audit("admin_action", method=scope.get("method"), path=path)
             await self.app(scope, receive, send)
             return
         if principal.is_admin or principal.tenant_id is None:
+            _refused("tenant_key_required", path)
             await self._error(
                 send, 403, "tenant_key_required", "Generation needs a tenant key, not an admin key.", "permission_error"
             )
@@ -176,6 +181,13 @@ class TenantGate:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+
+def _refused(reason: str, path: str, tenant: str | None = None) -> None:
+    m = observability.metrics()
+    if m is not None:
+        m["auth_failures"].labels(reason=reason).inc()
+    observability.audit("auth_failure", reason=reason, path=path, tenant=tenant)
 
 
 async def _read_body(receive: Receive) -> bytes | None:
