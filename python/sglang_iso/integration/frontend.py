@@ -12,7 +12,7 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_iso import observability
-from sglang_iso.server.gate import STATE_TENANT, TenantGate
+from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex
@@ -51,21 +51,64 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         return
     from sglang.srt.entrypoints import http_server
 
-    http_server.app.add_middleware(TenantGate, keys=KeyIndex(config))
+    keys = ReloadableKeys(KeyIndex(config))
+    http_server.app.add_middleware(TenantGate, keys=keys)
     server_args = kwargs.get("server_args", args[0] if args else None)
     tokenizer_manager = kwargs.get("tokenizer_manager", args[1] if len(args) > 1 else None)
     _tagger = _make_tagger(config, server_args)
-    _add_iso_routes(http_server.app, tokenizer_manager, config)
+    holder = _ConfigHolder(config)
+    _add_iso_routes(http_server.app, tokenizer_manager, holder)
+    _install_reload(keys, holder, server_args)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
 
 
-def _add_iso_routes(app: Any, tokenizer_manager: Any, config: TenantsConfig) -> None:
+class _ConfigHolder:
+    """The front end's current tenants config (replaced on reload)."""
+
+    def __init__(self, config: TenantsConfig) -> None:
+        self.config = config
+
+
+def _install_reload(keys: ReloadableKeys, holder: _ConfigHolder, server_args: Any) -> None:
+    """Reload the tenants file on SIGHUP: keys, tenants and tags change for new requests only.
+
+    A file that fails validation, or that changes the namespace secret (the
+    scheduler verifies tags with the secret it started with), is rejected and the
+    running config stays. Quotas, cache policies and shared prefixes are read by
+    the scheduler at start; a changed value takes effect at the next restart.
+    """
+    import signal
+
+    def reload(_signum: int, _frame: Any) -> None:
+        global _tagger
+        path = os.environ.get(TENANTS_FILE_ENV)
+        try:
+            new = load_tenants_file(path) if path else None
+        except ValueError as exc:
+            logger.error("sglang-iso: tenants file reload rejected, keeping the running config: %s", exc)
+            observability.audit("config_reload", ok=False, error=str(exc))
+            return
+        if new is None or new.secret != holder.config.secret:
+            logger.error("sglang-iso: tenants file reload rejected: the namespace secret changed (restart instead)")
+            observability.audit("config_reload", ok=False, error="namespace secret changed")
+            return
+        keys.swap(KeyIndex(new))
+        _tagger = _make_tagger(new, server_args)
+        holder.config = new
+        logger.warning("sglang-iso: tenants file reloaded: %d tenants", len(new.tenants))
+        observability.audit("config_reload", ok=True, tenants=sorted(new.tenants))
+
+    signal.signal(signal.SIGHUP, reload)
+
+
+def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> None:
     """``GET /iso/tenants`` and ``POST /iso/flush`` (admin-only: the gate lets only admins reach /iso/*)."""
     from fastapi.responses import ORJSONResponse
 
     from sglang_iso.integration.hooks import FLUSH_COMMAND
 
     async def iso_tenants() -> Any:
+        config = holder.config
         states = await tokenizer_manager.get_internal_state()
         per_rank = [s.get("sglang_iso", {}).get("tenants", {}) for s in states]
         tenants: dict[str, Any] = {}
@@ -79,6 +122,7 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, config: TenantsConfig) -> 
         return ORJSONResponse({"tenants": tenants})
 
     async def iso_flush(body: dict[str, Any]) -> Any:
+        config = holder.config
         tenant_id = body.get("tenant") if isinstance(body, dict) else None
         tenant = config.tenants.get(tenant_id) if isinstance(tenant_id, str) else None
         if tenant is None:

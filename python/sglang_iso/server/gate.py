@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from sglang_iso import observability
-from sglang_iso.tenancy.keys import KeyIndex, parse_bearer
+from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +79,31 @@ FORBIDDEN_HEADERS: dict[str, str] = {
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
+class KeyLookup(Protocol):
+    def lookup(self, presented_key: str) -> Principal | None: ...
+
+
+class ReloadableKeys:
+    """A :class:`KeyIndex` that can be swapped atomically (tenants-file reload on SIGHUP)."""
+
+    def __init__(self, index: KeyIndex) -> None:
+        self.index = index
+
+    def lookup(self, presented_key: str) -> Principal | None:
+        return self.index.lookup(presented_key)
+
+    def swap(self, index: KeyIndex) -> None:
+        self.index = index  # one reference assignment: a request sees the old or the new index, never a mix
+
+
 class TenantGate:
     """ASGI middleware enforcing tenant authentication (see module doc).
 
-    ``keys`` is read on every request, so swapping it (config reload) takes
-    effect for the next request without touching requests in flight.
+    ``keys`` is consulted on every request, so swapping its index (config
+    reload) takes effect for the next request without touching requests in flight.
     """
 
-    def __init__(self, app: ASGIApp, keys: KeyIndex) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyLookup) -> None:
         self.app = app
         self.keys = keys
         self.rejected = 0  # requests refused (401/403/400)
