@@ -5,6 +5,10 @@ timing and by ``cached_tokens``; sglang-iso with a tenants file must show none a
 same-tenant scope (a second key of the victim's tenant) is detected in the same run: the positive control
 that fails if caching were simply off. Samples and prompts are smaller than the full audit
 (``benchmark/audit.py``) so the module stays within a few minutes on a 2-core CPU.
+
+Each server serves exactly one test, so its fixture is function-scoped: it starts once per module and is gone
+before the next one starts. NOTE: an idle SGLang scheduler busy-polls about half a core on CPU; two servers
+alive at once would slow the second audit's timings on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ def keys() -> dict[str, str]:
     return {name: new_api_key() for name in (*TENANTS, "admin", "acme-2")}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def upstream() -> Iterator[ServerProcess]:
     port = free_port()
     server = ServerProcess(baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port)
@@ -46,7 +50,7 @@ def upstream() -> Iterator[ServerProcess]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def iso(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
     path = write_tenants_file(tmp_path_factory.mktemp("audit-tenants"), keys)
     # A second key for acme: the same-tenant scope.
@@ -74,7 +78,8 @@ def test_upstream_shares_across_clients(upstream: ServerProcess, tmp_path: Path)
     other = results["other-tenant"]
     assert other["detected"] and other["p_value"] < ALPHA, other
     assert other["median_attacker_s"] < other["median_miss_s"]
-    assert other["oracle"]["attacker_cached_median"] > 0 and other["oracle"]["detected"], other
+    assert other["oracle"]["attacker_cached_median"] > 0.9 * other["oracle"]["prompt_tokens_median"], other
+    assert other["oracle"]["detected"], other
 
 
 def test_iso_isolates_tenants_same_tenant_still_shares(
@@ -89,7 +94,9 @@ def test_iso_isolates_tenants_same_tenant_still_shares(
     # Positive control in the same run: caching is on and shared inside the tenant.
     assert same["detected"] and same["p_value"] < ALPHA, same
     assert same["oracle"]["attacker_cached_median"] > 0, same
-    # Isolation: timing indistinguishable from certain misses, and the oracle says nothing.
+    # Isolation: timing indistinguishable from certain misses, and the oracle says nothing: at most the one or
+    # two tokens that random prompts of the attacker's own namespace share by chance (first syllables).
     assert not other["detected"] and other["p_value"] > ALPHA, other
-    assert other["oracle"]["attacker_cached_max"] == 0, other
+    assert not other["oracle"]["detected"], other
+    assert other["oracle"]["attacker_cached_max"] < 0.01 * other["oracle"]["prompt_tokens_median"], other
     assert (tmp_path / "audit.png").exists()

@@ -306,3 +306,20 @@ def test_metrics_and_audit_log_per_tenant_without_prompt_text(server: ServerProc
     assert any(e["event"] == "admin_action" for e in lines)  # /iso/* and /flush_cache calls earlier in the module
     raw = server.audit_path.read_text()  # type: ignore[attr-defined]
     assert secret_word not in raw and keys["acme"] not in raw
+
+
+def test_weight_update_makes_old_entries_unreachable(server: ServerProcess, keys: dict[str, str]) -> None:
+    from sglang_iso.models import tiny_model_path
+
+    text = long_prompt()
+    generate(server, keys["acme"], text)
+    assert generate(server, keys["acme"], text)["cached_tokens"] > 0  # positive control before the update
+    status, out = server.post(
+        "/update_weights_from_disk",
+        {"model_path": str(tiny_model_path()), "flush_cache": False},  # SGLang itself would keep the old KV
+        headers=auth(keys["admin"]),
+        timeout_s=300,
+    )
+    assert status == 200, out
+    assert generate(server, keys["acme"], text)["cached_tokens"] == 0  # old weights' KV never matches again
+    assert generate(server, keys["acme"], text)["cached_tokens"] > 0  # the new namespace caches normally

@@ -23,15 +23,25 @@ TENANTS_FILE_ENV = "SGLANG_ISO_TENANTS_FILE"
 
 _GATE_TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
-FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET)
+_WEIGHT_TARGETS = (
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
+    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_tensor",
+    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_distributed",
+    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_ipc",
+)
+FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET, *_WEIGHT_TARGETS)
 
 _tagger: NamespaceTagger | None = None
+_server_args: Any = None
+_weights_generation = 0  # bumped after every weight update: part of the model fingerprint
 
 
 def install() -> None:
     """Register the front-end hooks (every process; they only act in the HTTP process)."""
     HookRegistry.register(_GATE_TARGET, install_gate, HookType.BEFORE)
     HookRegistry.register(_TAG_TARGET, tag_and_observe, HookType.AROUND)
+    for target in _WEIGHT_TARGETS:
+        HookRegistry.register(target, after_weight_update, HookType.AROUND)
 
 
 def tenants_config() -> TenantsConfig | None:
@@ -55,6 +65,8 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     http_server.app.add_middleware(TenantGate, keys=keys)
     server_args = kwargs.get("server_args", args[0] if args else None)
     tokenizer_manager = kwargs.get("tokenizer_manager", args[1] if len(args) > 1 else None)
+    global _server_args
+    _server_args = server_args
     _tagger = _make_tagger(config, server_args)
     holder = _ConfigHolder(config)
     _add_iso_routes(http_server.app, tokenizer_manager, holder)
@@ -159,6 +171,7 @@ def _make_tagger(config: TenantsConfig, server_args: Any) -> NamespaceTagger:
     revision = getattr(server_args, "revision", None)
     if revision:
         model_fp = f"{model_fp}@{revision}"
+    model_fp = f"{model_fp}#weights{_weights_generation}"
     return NamespaceTagger(
         config,
         model_fingerprint=model_fp,
@@ -166,6 +179,40 @@ def _make_tagger(config: TenantsConfig, server_args: Any) -> NamespaceTagger:
         kv_dtype=str(getattr(server_args, "kv_cache_dtype", None) or "auto"),
         page_size=int(getattr(server_args, "page_size", None) or 1),
     )
+
+
+def after_weight_update(original: Any, manager: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND every weight-update entry point: new weights get new namespaces, old entries are dropped.
+
+    The model fingerprint in every later tag changes, so nothing cached under the
+    old weights can match again, even when the caller asked SGLang not to flush
+    (``flush_cache: false``) or its flush was refused; then every tenant's
+    unlocked entries are released (and scrubbed) in the scheduler.
+    """
+
+    async def run() -> Any:
+        global _tagger, _weights_generation
+        try:
+            return await original(manager, *args, **kwargs)
+        finally:
+            if os.environ.get(TENANTS_FILE_ENV) is not None and _tagger is not None:
+                _weights_generation += 1
+                _tagger = _make_tagger(_tagger.config, _server_args)
+                await _flush_all(manager)
+                observability.audit("weights_updated", generation=_weights_generation)
+
+    return run()
+
+
+async def _flush_all(manager: Any) -> None:
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    from sglang_iso.integration.hooks import FLUSH_COMMAND
+
+    try:
+        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_COMMAND + "*": 1}))
+    except Exception:  # NOTE: namespaces already changed; a failed flush only delays eviction
+        logger.exception("sglang-iso: flushing old namespaces after a weight update failed")
 
 
 def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:

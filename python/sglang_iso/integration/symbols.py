@@ -127,6 +127,26 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "BEFORE hook: overwrites extra_key with the server's namespace tag",
     ),
     HookedSymbol(
+        "sglang.srt.managers.tokenizer_manager:TokenizerManager.update_weights_from_disk",
+        ("self", "obj", "request"),
+        "AROUND hook: new weights -> new namespaces, old entries flushed",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.update_weights_from_tensor",
+        ("self",),
+        "AROUND hook: new weights -> new namespaces, old entries flushed",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.update_weights_from_distributed",
+        ("self",),
+        "AROUND hook: new weights -> new namespaces, old entries flushed",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.update_weights_from_ipc",
+        ("self",),
+        "AROUND hook: new weights -> new namespaces, old entries flushed",
+    ),
+    HookedSymbol(
         "sglang.srt.utils.hf_transformers.tokenizer:get_tokenizer",
         ("tokenizer_name", "tokenizer_mode", "trust_remote_code", "tokenizer_revision"),
         "tokenizes operator-declared shared prefixes in the scheduler",

@@ -286,8 +286,10 @@ class TenantRadixCache(BasePrefixCache):
         return out
 
     def flush_owner(self, owner: str) -> int:
-        """Drop every unlocked entry of ``owner``'s namespaces; returns tokens released."""
-        return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.tenant_of(ns) == owner)
+        """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
+        return sum(
+            self.tree.flush(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
+        )
 
     # ------------------------------------------------------------------------------------------ private
 

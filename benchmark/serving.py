@@ -1,0 +1,337 @@
+"""Serving benchmark: upstream SGLang vs sglang-iso, same bundled model, same workload, one run.
+
+Usage::
+
+    python benchmark/serving.py [--requests N] [--concurrency 1,4] [--tenants 4] [--prefix-tokens 1024] ...
+
+Workloads (both "generated shared prefix": a long shared prefix + a random suffix per request):
+
+* ``single``: one API key; ``--tenants`` shared prefixes, requests spread over them;
+* ``multi``: ``--tenants`` keys, one tenant per prefix (sglang-iso keeps one namespace per tenant).
+
+Upstream runs without keys (one trust domain), so both servers see the same prompts and reuse the same
+prefixes; only the keying differs. Servers run one at a time (an idle SGLang scheduler busy-polls about half a
+core on CPU), each started once, warmed up with unrelated prompts, then every workload x concurrency level
+runs as a closed loop: ``concurrency`` streaming clients (asyncio + aiohttp) send ``/v1/completions`` with
+``ignore_eos`` so every response has exactly ``--output-tokens`` tokens.
+
+Metrics: req/s and output tok/s over the wall time of the level; TTFT p50/p99 (first streamed token); ITL mean
+(gap between later tokens); hit % (cached / prompt tokens, from ``--enable-cache-report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import tokenizers
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
+"""Same KV pool and batch limits for both servers."""
+SERVERS = ("upstream", "iso")
+WORKLOADS = ("single", "multi")
+METRICS = (  # (key, label, higher is better)
+    ("req_s", "req/s", True),
+    ("out_tok_s", "out tok/s", True),
+    ("ttft_p50_ms", "TTFT p50 ms", False),
+    ("ttft_p99_ms", "TTFT p99 ms", False),
+    ("itl_mean_ms", "ITL mean ms", False),
+    ("hit_pct", "hit %", True),
+)
+
+
+# ------------------------------------------------------------------------------------------------ workload
+
+
+@dataclass(frozen=True)
+class Request:
+    tenant: int
+    """Index of the key (multi) or of the shared prefix (single)."""
+    prompt: str
+
+
+class TextMaker:
+    """Random lowercase words, cut to about a number of tokens of the bundled model's tokenizer."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.tok = tokenizers.Tokenizer.from_file(str(tiny_model_path() / "tokenizer.json"))
+
+    def text(self, tokens: int) -> str:
+        words: list[str] = []
+        for _ in range(tokens):  # bounded: every word is at least one token
+            words += [self._word() for _ in range(8)]
+            if len(self.tok.encode(" ".join(words)).ids) >= tokens:
+                break
+        while len(words) > 1 and len(self.tok.encode(" ".join(words[:-1])).ids) >= tokens:
+            words.pop()
+        return " ".join(words)
+
+    def _word(self) -> str:
+        return "".join(self.rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(self.rng.randint(2, 8)))
+
+
+def make_workload(
+    maker: TextMaker, *, requests: int, groups: int, prefix_tokens: int, suffix_tokens: int
+) -> list[Request]:
+    """``requests`` prompts over ``groups`` shared prefixes, in a seeded random order."""
+    prefixes = [maker.text(prefix_tokens) for _ in range(groups)]
+    out = [Request(i % groups, prefixes[i % groups] + " " + maker.text(suffix_tokens)) for i in range(requests)]
+    maker.rng.shuffle(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+@dataclass
+class Result:
+    ttft_s: float
+    itls_s: list[float]
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class LevelStats:
+    server: str
+    workload: str
+    concurrency: int
+    values: dict[str, float] = field(default_factory=dict)
+
+
+async def one_request(
+    session: aiohttp.ClientSession, url: str, key: str | None, prompt: str, out_tokens: int
+) -> Result:
+    body = {
+        "model": "default",
+        "prompt": prompt,
+        "max_tokens": out_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    start = time.perf_counter()
+    token_times: list[float] = []
+    usage: dict = {}
+    async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[5:])
+            if event.get("choices") and event["choices"][0].get("text"):
+                token_times.append(time.perf_counter())
+            if event.get("usage"):
+                usage = event["usage"]
+    if not token_times:
+        raise RuntimeError("stream carried no token")
+    details = usage.get("prompt_tokens_details") or {}
+    return Result(
+        ttft_s=token_times[0] - start,
+        itls_s=[b - a for a, b in itertools.pairwise(token_times)],
+        output_tokens=int(usage.get("completion_tokens", len(token_times))),
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        cached_tokens=int(details.get("cached_tokens", 0)),
+    )
+
+
+async def run_level(
+    url: str, keys: list[str | None], work: list[Request], concurrency: int, out_tokens: int
+) -> tuple[list[Result], float]:
+    queue = list(reversed(work))
+    results: list[Result] = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def worker() -> None:
+            while queue:  # bounded: pops one of len(work) requests per iteration
+                req = queue.pop()
+                results.append(await one_request(session, url, keys[req.tenant % len(keys)], req.prompt, out_tokens))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return results, time.perf_counter() - start
+
+
+def summarize(results: list[Result], wall_s: float) -> dict[str, float]:
+    ttfts = sorted(r.ttft_s for r in results)
+    itls = [x for r in results for x in r.itls_s]
+    prompt = sum(r.prompt_tokens for r in results)
+    return {
+        "req_s": len(results) / wall_s,
+        "out_tok_s": sum(r.output_tokens for r in results) / wall_s,
+        "ttft_p50_ms": 1e3 * statistics.median(ttfts),
+        "ttft_p99_ms": 1e3 * ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))],
+        "itl_mean_ms": 1e3 * statistics.fmean(itls) if itls else float("nan"),
+        "hit_pct": 100.0 * sum(r.cached_tokens for r in results) / prompt if prompt else float("nan"),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ servers
+
+
+def write_tenants(directory: Path, n: int) -> tuple[Path, list[str]]:
+    """A tenants file with ``n`` private-cache tenants, one key each."""
+    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
+    keys = [new_api_key() for _ in range(n)]
+    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(new_api_key())}"]', ""]
+    for i, key in enumerate(keys):
+        lines += ["[[tenants]]", f'id = "bench{i}"', f'key_sha256 = ["{key_sha256(key)}"]', 'cache = "private"', ""]
+    path = directory / "tenants.toml"
+    path.write_text("\n".join(lines))
+    return path, keys
+
+
+def start(name: str, tenants_file: Path) -> ServerProcess:
+    port = free_port()
+    model = tiny_model_path()
+    if name == "upstream":
+        argv = baseline_server_argv(port, model, *SIZES)
+    else:
+        argv = iso_server_argv(port, model, *SIZES, "--tenants-file", str(tenants_file))
+    return ServerProcess(argv, port).start(timeout_s=600)
+
+
+def bench_server(
+    name: str,
+    args: argparse.Namespace,
+    tenants_file: Path,
+    iso_keys: list[str],
+    workloads: dict[str, list[Request]],
+    levels: list[int],
+) -> list[LevelStats]:
+    server = start(name, tenants_file)
+    out: list[LevelStats] = []
+    try:
+        keys: list[str | None] = list(iso_keys) if name == "iso" else [None]
+        warm = TextMaker(random.Random(f"warm-{name}"))
+        warm_work = [Request(i, warm.text(args.suffix_tokens)) for i in range(2 * max(levels))]
+        asyncio.run(run_level(server.base_url, keys, warm_work, max(levels), args.output_tokens))
+        for (workload, concurrency), work in workloads.items():
+            # single: one key; multi: one key per tenant (upstream: no key either way).
+            use = keys[:1] if workload == "single" else keys
+            results, wall = asyncio.run(run_level(server.base_url, use, work, concurrency, args.output_tokens))
+            stats = LevelStats(name, workload, concurrency, summarize(results, wall))
+            values = ", ".join(f"{k}={v:.1f}" for k, v in stats.values.items())
+            print(f"  {name:8s} {workload:6s} c={concurrency}: {values}", flush=True)
+            out.append(stats)
+    finally:
+        server.stop()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def table(stats: list[LevelStats]) -> str:
+    by = {(s.server, s.workload, s.concurrency): s.values for s in stats}
+    head = "| workload | conc | metric | upstream | iso | iso/upstream |\n|---|---|---|---|---|---|"
+    rows = [head]
+    for workload, conc in dict.fromkeys((s.workload, s.concurrency) for s in stats):
+        up, iso = by.get(("upstream", workload, conc)), by.get(("iso", workload, conc))
+        if up is None or iso is None:
+            continue
+        for key, label, _ in METRICS:
+            ratio = iso[key] / up[key] if up[key] else float("nan")
+            rows.append(f"| {workload} | {conc} | {label} | {up[key]:.1f} | {iso[key]:.1f} | {ratio:.2f} |")
+    return "\n".join(rows)
+
+
+def plot(path: Path, stats: list[LevelStats]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    configs = list(dict.fromkeys((s.workload, s.concurrency) for s in stats))
+    by = {(s.server, s.workload, s.concurrency): s.values for s in stats}
+    fig, axes = plt.subplots(1, len(METRICS) - 1, figsize=(4 * (len(METRICS) - 1), 3.8))
+    for ax, (key, label, better_high) in zip(axes, METRICS[:-1], strict=True):
+        for k, server in enumerate(SERVERS):
+            ys = [by.get((server, w, c), {}).get(key, 0.0) for w, c in configs]
+            ax.bar([i + 0.4 * k for i in range(len(configs))], ys, 0.4, label=server)
+        ax.set_xticks([i + 0.2 for i in range(len(configs))], [f"{w}\nc={c}" for w, c in configs])
+        ax.set_title(f"{label} ({'higher' if better_high else 'lower'} is better)", fontsize=9)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=32, help="requests per workload and concurrency level")
+    p.add_argument("--concurrency", default="4", help="comma-separated client counts (default %(default)s)")
+    p.add_argument("--tenants", type=int, default=4, help="tenant keys (multi) = shared prefixes (both)")
+    p.add_argument("--prefix-tokens", type=int, default=1024)
+    p.add_argument("--suffix-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    p.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)} (run in this order)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", default="benchmark/serving.png", help="PNG path (needs matplotlib)")
+    p.add_argument("--json", default="", help="also write the raw numbers here")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    workload_names = [w for w in args.workloads.split(",") if w]
+    servers = [s for s in args.servers.split(",") if s]
+    if set(workload_names) - set(WORKLOADS) or set(servers) - set(SERVERS) or not levels or min(levels) < 1:
+        p.error(f"workloads from {WORKLOADS}, servers from {SERVERS}, concurrency >= 1")
+    maker = TextMaker(random.Random(args.seed))
+    # NOTE: fresh prompts (and prefixes) per workload and level, so no level starts with the previous one's
+    # prefixes cached; the same seeded prompts go to both servers.
+    work = {
+        (w, c): make_workload(
+            maker,
+            requests=args.requests,
+            groups=args.tenants,
+            prefix_tokens=args.prefix_tokens,
+            suffix_tokens=args.suffix_tokens,
+        )
+        for w in workload_names
+        for c in levels
+    }
+    print(
+        f"workloads {workload_names} x concurrency {levels}: {args.requests} requests, {args.tenants} tenants/prefixes"
+    )
+    stats: list[LevelStats] = []
+    with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-") as tmp:
+        tenants_file, keys = write_tenants(Path(tmp), args.tenants)
+        for name in servers:
+            t0 = time.monotonic()
+            stats += bench_server(name, args, tenants_file, keys, work, levels)
+            print(f"{name}: done in {time.monotonic() - t0:.0f}s (including start-up)", flush=True)
+    print(table(stats))
+    if args.json:
+        Path(args.json).write_text(json.dumps([s.__dict__ for s in stats], indent=1))
+    if args.plot and plot(Path(args.plot), stats):
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
