@@ -29,7 +29,7 @@ try:
 except ImportError:
     pass
 
-import sglang as sgl  # noqa: E402
+import sglang as sgl
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 
@@ -65,6 +65,10 @@ def review(s, document: str, questions: list[str]):
     meta info). Returns the branches' meta infos (``state.ret_value``).
     """
     s += "Document: " + document + "\n"
+    # NOTE: sync first. SGLang 0.5.23's fork decides whether to send the shared prefix ahead by looking
+    # at the text *before* draining the executor queue; without this sync it often sees an empty text,
+    # skips that request, and the branches prefill the document in parallel, none reusing the others.
+    s.sync()
     branches = s.fork(len(questions))
     for branch, question in zip(branches, questions, strict=True):
         branch += f"Q: {question}\nA: " + sgl.gen("answer", max_tokens=4, temperature=0)
@@ -85,8 +89,12 @@ def run_all(backend: sgl.RuntimeEndpoint, document: str | None = None) -> dict[s
         backend=backend,
         num_threads=2,
     )
-    document = document or " ".join(f"Clause {i}: the customer may return goods within {i + 14} days." for i in range(20))
-    reviewed = review.run(document=document, questions=["Who may return goods?", "Within how many days?"], backend=backend)
+    document = document or " ".join(
+        f"Clause {i}: the customer may return goods within {i + 14} days." for i in range(20)
+    )
+    reviewed = review.run(
+        document=document, questions=["Who may return goods?", "Within how many days?"], backend=backend
+    )
     return {
         "answer": turn["answer"],
         "roles": [m["role"] for m in turn.messages()],

@@ -39,20 +39,22 @@ def chat(c: OpenAI, question: str, *, max_tokens: int = 12) -> tuple[str, int]:
     return r.choices[0].message.content or "", (details.cached_tokens or 0) if details else 0
 
 
-def stream_chat(c: OpenAI, question: str, *, max_tokens: int = 12) -> list[str]:
-    """A streaming chat completion; returns the content deltas in order."""
+def stream_chat(c: OpenAI, question: str, *, max_tokens: int = 12) -> tuple[list[str], str | None]:
+    """A streaming chat completion; returns (content deltas in order, finish reason)."""
     stream = c.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": question}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
+        model="default", messages=[{"role": "user", "content": question}], max_tokens=max_tokens, stream=True
     )
-    return [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+    parts: list[str] = []
+    finish_reason: str | None = None
+    for chunk in stream:
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+            finish_reason = choice.finish_reason or finish_reason
+    return parts, finish_reason
 
 
 def complete(c: OpenAI, prompt: str, *, max_tokens: int = 12) -> str:
-    r = c.completions.create(model="default", prompt=prompt, max_tokens=max_tokens, temperature=0)
+    r = c.completions.create(model="default", prompt=prompt, max_tokens=max_tokens)
     return r.choices[0].text
 
 
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     for attempt in ("first", "repeated"):
         text, cached = chat(c, question)
         print(f"chat ({attempt}): {text!r} (cached prompt tokens: {cached})")
-    print(f"streamed chat: {stream_chat(c, 'Hello!')!r}")
+    parts, finish_reason = stream_chat(c, "Hello!")
+    print(f"streamed chat: {len(parts)} chunks {''.join(parts)!r} (finish reason: {finish_reason})")
     print(f"completion: {complete(c, 'Once upon a time')!r}")
     return 0
 

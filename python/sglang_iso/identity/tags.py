@@ -7,7 +7,8 @@ Two modes:
   id and carries an HMAC-SHA-256 over both under the server's secret, so the
   scheduler can verify it without trusting how the request arrived. A key with
   no tag, a malformed tag or a bad MAC resolves to no namespace: the request is
-  served without any prefix sharing, and the event is counted and logged.
+  served without any prefix sharing. A malformed or forged tag is an isolation
+  violation (counted, logged); no tag at all is an internal request (counted).
 * ``open`` (no secret: a single trust domain): the namespace is a hash of an
   unambiguous encoding of ``(extra_key, cache_salt)``, so ``"a"+"bc"`` and
   ``"ab"+"c"`` can never meet, but the client chooses its namespace.
@@ -64,7 +65,8 @@ class NamespaceResolver:
         if secret is not None and len(secret) < MIN_SECRET_BYTES:
             raise ValueError(f"namespace secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         self._secret = secret
-        self.rejected_tags = 0
+        self.rejected_tags = 0  # keys with a malformed or forged tag: isolation violations
+        self.untagged = 0  # keys with no tag at all: internal requests (health checks), served unshared
 
     @property
     def mode(self) -> str:
@@ -73,7 +75,11 @@ class NamespaceResolver:
     def resolve(self, extra_key: str | None, cache_salt: str | None) -> str | None:
         if self._secret is None:
             return "open:" + hashlib.blake2b(_frame(extra_key, cache_salt), digest_size=16).hexdigest()
-        match = _TAG_RE.fullmatch(extra_key or "")
+        if not extra_key:
+            # The front end tags every authenticated request; untagged ones are internal (e.g. /health).
+            self.untagged += 1
+            return None
+        match = _TAG_RE.fullmatch(extra_key)
         if match is None:
             self._reject("missing or malformed namespace tag")
             return None

@@ -160,6 +160,16 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
             {"flushed": ok, "tenant": tenant.id, "namespace_owner": owner}, status_code=200 if ok else 500
         )
 
+    async def iso_check() -> Any:
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        from sglang_iso.integration.hooks import CHECK_COMMAND
+
+        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={CHECK_COMMAND: 1}))
+        ok = bool(results) and all(results)
+        return ORJSONResponse({"integrity_ok": ok}, status_code=200 if ok else 500)
+
+    app.add_api_route("/iso/check", iso_check, methods=["GET"])
     app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
     app.add_api_route("/iso/flush", iso_flush, methods=["POST"])
 

@@ -81,14 +81,16 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         state["sglang_iso"] = report
 
 
-# set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1.
+# set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1 ("*": all tenants),
+# and "sglang_iso.check_integrity" = 1 (the reply's ``updated`` is the check's outcome).
 FLUSH_COMMAND = "sglang_iso.flush:"
+CHECK_COMMAND = "sglang_iso.check_integrity"
 
 
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
     requested = getattr(recv_req, "server_args", None) or {}
-    ours = [k for k in requested if isinstance(k, str) and k.startswith(FLUSH_COMMAND)]
+    ours = [k for k in requested if isinstance(k, str) and (k.startswith(FLUSH_COMMAND) or k == CHECK_COMMAND)]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
@@ -96,7 +98,11 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     tree_cache = controller.scheduler.tree_cache
     if len(ours) != len(requested) or not hasattr(tree_cache, "flush_owner"):
         return SetInternalStateReqOutput(updated=False)
+    ok = True
     for key in ours:
+        if key == CHECK_COMMAND:
+            ok = ok and tree_cache.check_integrity()
+            continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)
-    return SetInternalStateReqOutput(updated=True)
+    return SetInternalStateReqOutput(updated=ok)

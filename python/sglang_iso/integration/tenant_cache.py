@@ -97,7 +97,6 @@ class TenantRadixCache(BasePrefixCache):
         self.device = torch.device(dev) if isinstance(dev, str | torch.device) else torch.device("cpu")
         if params.enable_metrics:
             self.init_metrics_collector()
-        self.unresolved_requests = 0  # keys that resolved to no namespace (served without sharing)
         self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
         self._configured: set[str] = set()
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
@@ -245,7 +244,8 @@ class TenantRadixCache(BasePrefixCache):
             "evictable_tokens": self.evictable_size(),
             "protected_tokens": self.protected_size(),
             "violations": self.tree.violations,
-            "unresolved_requests": self.unresolved_requests,
+            "rejected_tags": self.resolver.rejected_tags,
+            "untagged_lookups": self.resolver.untagged,
             "kv_scrub": "off" if self.scrubber is None else "on-free",
             **({} if self.scrubber is None else self.scrubber.status()),
         }
@@ -284,6 +284,15 @@ class TenantRadixCache(BasePrefixCache):
             ):
                 row[field] = int(row[field] or 0) + int(value)
         return out
+
+    def check_integrity(self) -> bool:
+        """Run the tree's invariant check; False (logged) on any failure."""
+        try:
+            self.tree.check_integrity()
+        except AssertionError as exc:
+            logger.error("sglang-iso: tree integrity check failed: %s", exc)
+            return False
+        return True
 
     def flush_owner(self, owner: str) -> int:
         """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
@@ -335,9 +344,7 @@ class TenantRadixCache(BasePrefixCache):
 
     def _namespace(self, key: RadixKey) -> str | None:
         ns = self.resolver.resolve(key.extra_key, key.cache_salt)
-        if ns is None:
-            self.unresolved_requests += 1
-        elif ns not in self._configured:
+        if ns is not None and ns not in self._configured:
             self._configure(ns)
         return ns
 

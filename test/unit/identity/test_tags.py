@@ -19,11 +19,15 @@ def test_valid_tag_resolves_and_same_tag_is_stable() -> None:
     assert NamespaceResolver.tenant_of(r.resolve(tag, None) or "") == "acme"
 
 
+def test_untagged_is_internal_not_a_violation() -> None:
+    r = NamespaceResolver(SECRET)
+    assert r.resolve(None, None) is None and r.resolve("", None) is None
+    assert r.untagged == 2 and r.rejected_tags == 0
+
+
 @pytest.mark.parametrize(
     "extra_key",
     [
-        None,
-        "",
         "acme",
         f"iso1.acme.{NS_ID}.{'0' * 64}",  # forged MAC
         make_tag(secrets.token_bytes(32), "acme", NS_ID),  # another server's secret

@@ -1,0 +1,57 @@
+"""Long leak-fuzzing run (e.g. 100k operations) against a real sglang-iso server on the bundled model.
+
+    python benchmark/leak_fuzz.py --ops 100000 --max-seconds 36000 --seed 1
+
+Prints the report (requests, answers, same-owner hits, leaks, errors) and the final oracle checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sglang_iso.platform import bootstrap  # noqa: E402
+
+bootstrap.apply()
+
+from test.security.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants  # noqa: E402
+
+from sglang_iso.models import tiny_model_path  # noqa: E402
+from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=100_000)
+    parser.add_argument("--max-seconds", type=float, default=36_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="sglang-iso-fuzz-"))
+    tenants_file, tenants, admin = write_tenants(workdir)
+    port = free_port()
+    server = ServerProcess(iso_server_argv(port, tiny_model_path(), *server_flags(tenants_file)), port)
+    t0 = time.monotonic()
+    with server:
+        server.start()
+        fuzzer = LeakFuzzer(server, tenants, admin, shared_prefix_ids(tiny_model_path()), args.seed)
+        report = fuzzer.run(args.ops, max_seconds=args.max_seconds)
+        problems = fuzzer.final_checks()
+    print(f"operations budget {args.ops}, seed {args.seed}, {time.monotonic() - t0:.0f}s")
+    print(
+        f"requests {report.requests}  answered {report.ok}  refused {report.refused}  "
+        f"same-owner hits {report.same_owner_hits}"
+    )
+    print(f"leaks {len(report.leaks)}  errors {len(report.errors)}  final-check problems {len(problems)}")
+    for line in [*report.leaks, *report.errors, *problems][:50]:
+        print("  " + line)
+    return 0 if not (report.leaks or report.errors or problems) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
