@@ -16,7 +16,8 @@ runs as a closed loop: ``concurrency`` streaming clients (asyncio + aiohttp) sen
 ``ignore_eos`` so every response has exactly ``--output-tokens`` tokens.
 
 Metrics: req/s and output tok/s over the wall time of the level; TTFT p50/p99 (first streamed token); ITL mean
-(gap between later tokens); hit % (cached / prompt tokens, from ``--enable-cache-report``).
+(gap between later tokens); hit % (cached / prompt tokens, from ``--enable-cache-report``); and the machine's
+1-minute load average at the end of each level, because on a shared machine other processes move every number.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import secrets
 import statistics
@@ -52,7 +54,9 @@ METRICS = (  # (key, label, higher is better)
     ("ttft_p99_ms", "TTFT p99 ms", False),
     ("itl_mean_ms", "ITL mean ms", False),
     ("hit_pct", "hit %", True),
+    ("load_1m", "machine load (1 min avg)", False),
 )
+"""The last row is not a result: the machine's load average at the end of the level (others' processes)."""
 
 
 # ------------------------------------------------------------------------------------------------ workload
@@ -218,21 +222,29 @@ def bench_server(
     args: argparse.Namespace,
     tenants_file: Path,
     iso_keys: list[str],
-    workloads: dict[str, list[Request]],
+    workloads: dict[tuple[str, int], list[Request]],
     levels: list[int],
 ) -> list[LevelStats]:
     server = start(name, tenants_file)
     out: list[LevelStats] = []
     try:
         keys: list[str | None] = list(iso_keys) if name == "iso" else [None]
-        warm = TextMaker(random.Random(f"warm-{name}"))
-        warm_work = [Request(i, warm.text(args.suffix_tokens)) for i in range(2 * max(levels))]
+        # Warm-up shaped like the workload (prefill of a full prompt, then cached-prefix requests, same output
+        # length and concurrency), with its own prompts: the first requests after start-up are slow on CPU.
+        warm_maker = TextMaker(random.Random(f"warm-{args.seed}"))
+        warm_work = make_workload(
+            warm_maker,
+            requests=4 * max(levels),
+            groups=2,
+            prefix_tokens=args.prefix_tokens,
+            suffix_tokens=args.suffix_tokens,
+        )
         asyncio.run(run_level(server.base_url, keys, warm_work, max(levels), args.output_tokens))
         for (workload, concurrency), work in workloads.items():
             # single: one key; multi: one key per tenant (upstream: no key either way).
             use = keys[:1] if workload == "single" else keys
             results, wall = asyncio.run(run_level(server.base_url, use, work, concurrency, args.output_tokens))
-            stats = LevelStats(name, workload, concurrency, summarize(results, wall))
+            stats = LevelStats(name, workload, concurrency, summarize(results, wall) | {"load_1m": os.getloadavg()[0]})
             values = ", ".join(f"{k}={v:.1f}" for k, v in stats.values.items())
             print(f"  {name:8s} {workload:6s} c={concurrency}: {values}", flush=True)
             out.append(stats)
@@ -268,8 +280,9 @@ def plot(path: Path, stats: list[LevelStats]) -> bool:
         return False
     configs = list(dict.fromkeys((s.workload, s.concurrency) for s in stats))
     by = {(s.server, s.workload, s.concurrency): s.values for s in stats}
-    fig, axes = plt.subplots(1, len(METRICS) - 1, figsize=(4 * (len(METRICS) - 1), 3.8))
-    for ax, (key, label, better_high) in zip(axes, METRICS[:-1], strict=True):
+    shown = METRICS[:-2]  # not hit % (equal by construction) nor the load
+    fig, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 3.8))
+    for ax, (key, label, better_high) in zip(axes, shown, strict=True):
         for k, server in enumerate(SERVERS):
             ys = [by.get((server, w, c), {}).get(key, 0.0) for w, c in configs]
             ax.bar([i + 0.4 * k for i in range(len(configs))], ys, 0.4, label=server)

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from sglang_iso.integration.backend import SCRUB_ENV
 
     os.environ[SCRUB_ENV] = plan.kv_scrub
+    from sglang_iso.integration.owner_check import OWNER_CHECK_ENV
+
+    os.environ[OWNER_CHECK_ENV] = plan.kv_owner_check
     if plan.audit_log is not None:
         from sglang_iso.observability import AUDIT_LOG_ENV
 

@@ -160,6 +160,8 @@ def test_admin_only_frontend_calls_fail_cleanly(
         acme.flush_cache()
     with pytest.raises(RuntimeError, match="admin_required"):
         acme.get_server_info()
+    with pytest.raises(RuntimeError, match="admin_required"):
+        acme.start_profile()
 
     @sgl.function
     def spliced(s, text):

@@ -302,6 +302,16 @@ class TenantRadixTree(TreeCore):
         for node in nodes:
             self._free_fn(list(node.value))
 
+    def shared_route(self, ns: str, tokens: Sequence[int]) -> tuple[str, int] | None:
+        """``(name, length)`` of the shared prefix a match of ``tokens`` by ``ns`` goes through, if any."""
+        decl = self._route(ns, self._aligned(tokens))
+        return (decl.name, len(decl.key)) if decl is not None else None
+
+    def readable_shared(self, ns: str) -> list[str]:
+        """Names of the declared shared prefixes ``ns`` may read (depends on configuration only)."""
+        reg = self._registrations.get(ns)
+        return [] if reg is None else [d.name for d in self._shared.values() if d.readable_by(reg)]
+
     # ------------------------------------------------------------------------------------------------ accounting
 
     def stats(self, ns: str) -> NamespaceStats:

@@ -37,6 +37,18 @@ def install() -> None:
         handle_iso_commands,
         HookType.AROUND,
     )
+    from sglang_iso.integration import owner_check
+
+    HookRegistry.register(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+        owner_check.check_before_forward,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+        owner_check.abort_before_results,
+        HookType.BEFORE,
+    )
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -85,12 +97,29 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
 # and "sglang_iso.check_integrity" = 1 (the reply's ``updated`` is the check's outcome).
 FLUSH_COMMAND = "sglang_iso.flush:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
+# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot.
+PLANT_COMMAND = "sglang_iso.test_plant:"
+
+
+def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
+    from sglang_iso.integration.owner_check import TEST_PLANT_ENV
+
+    owners = getattr(tree_cache, "owners", None)
+    if os.environ.get(TEST_PLANT_ENV) != "1" or owners is None:
+        logger.warning("sglang-iso: test plant refused (not enabled)")
+        return False
+    owners.armed_plants.add(tenant)
+    return True
 
 
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
     requested = getattr(recv_req, "server_args", None) or {}
-    ours = [k for k in requested if isinstance(k, str) and (k.startswith(FLUSH_COMMAND) or k == CHECK_COMMAND)]
+    ours = [
+        k
+        for k in requested
+        if isinstance(k, str) and (k.startswith((FLUSH_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
+    ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
@@ -102,6 +131,9 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     for key in ours:
         if key == CHECK_COMMAND:
             ok = ok and tree_cache.check_integrity()
+            continue
+        if key.startswith(PLANT_COMMAND):
+            ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)

@@ -147,6 +147,41 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AROUND hook: new weights -> new namespaces, old entries flushed",
     ),
     HookedSymbol(
+        "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend.init_forward_metadata",
+        ("self", "forward_batch"),
+        "AROUND hook: page-ownership check of every row before the forward",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.process_batch_result",
+        ("self", "batch", "result"),
+        "BEFORE hook: requests that hit an ownership violation finish as aborted",
+    ),
+    HookedSymbol(
+        "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
+        ("req_pool_indices", "seq_lens", "extend_prefix_lens_cpu", "forward_mode"),
+        "what the owner check reads",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.alloc",
+        ("self", "reqs"),
+        "wrapped on the instance: records each row's owner",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.free_rows",
+        ("self", "indices"),
+        "wrapped on the instance: rows reset to padding, owner cleared",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator._release_page_ids",
+        ("self", "page_ids"),
+        "wrapped on the instance: every paged free ends here (scrub, owner FREE)",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.schedule_batch:FINISH_ABORT",
+        ("message", "status_code", "err_type"),
+        "how a violating request is finished",
+    ),
+    HookedSymbol(
         "sglang.srt.utils.hf_transformers.tokenizer:get_tokenizer",
         ("tokenizer_name", "tokenizer_mode", "trust_remote_code", "tokenizer_revision"),
         "tokenizes operator-declared shared prefixes in the scheduler",
@@ -183,4 +218,6 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.managers.scheduler.Scheduler.__init__",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
 )

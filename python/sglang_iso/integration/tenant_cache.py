@@ -101,6 +101,7 @@ class TenantRadixCache(BasePrefixCache):
         self._configured: set[str] = set()
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
+        self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
         self._exported: dict[str, int] = {}  # counter values already exported to metrics / audit
         self._last_export = 0.0
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -177,6 +178,10 @@ class TenantRadixCache(BasePrefixCache):
             )
         # Slots in [stored, up_to) stay with the request and are freed at release.
         req.kv.cache_protected_len = max(protected, stored)
+        if self.owners is not None and stored:
+            route = self.tree.shared_route(ns, token_ids[:stored])
+            if route is not None:
+                self.owners.mark_shared(list(found.indices[: route[1]]), route[0])
         new_node = IsoNode(found.last_node, self._tensor(found.indices), ns) if stored else self.root_node
         self.unlock(req.lock)
         req.lock = self.lock(new_node)
@@ -220,7 +225,10 @@ class TenantRadixCache(BasePrefixCache):
         return self.tree.evictable_size()
 
     def protected_size(self) -> int:
-        return self.tree.protected_size()
+        # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache,
+        # so SGLang's idle accounting (available + evictable + protected == total) still balances.
+        reserved = self.owners.page_size if self.owners is not None else 0
+        return self.tree.protected_size() + reserved
 
     def total_size(self) -> int:
         return self.tree.total_size()
@@ -247,6 +255,8 @@ class TenantRadixCache(BasePrefixCache):
             "rejected_tags": self.resolver.rejected_tags,
             "untagged_lookups": self.resolver.untagged,
             "kv_scrub": "off" if self.scrubber is None else "on-free",
+            "kv_owner_check": "off" if self.owners is None else "on",
+            "owner_violations": 0 if self.owners is None else self.owners.violations,
             **({} if self.scrubber is None else self.scrubber.status()),
         }
 
@@ -284,6 +294,9 @@ class TenantRadixCache(BasePrefixCache):
             ):
                 row[field] = int(row[field] or 0) + int(value)
         return out
+
+    def readable_shared(self, ns: str | None) -> list[str]:
+        return self.tree.readable_shared(ns) if ns is not None else []
 
     def check_integrity(self) -> bool:
         """Run the tree's invariant check; False (logged) on any failure."""

@@ -33,6 +33,7 @@ class LaunchPlan(NamedTuple):
     tenants_file: str | None  # absolute path, validated by the caller
     kv_scrub: str  # "on-free" or "off"
     audit_log: str | None  # absolute path
+    kv_owner_check: str  # "on" or "off"
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,13 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         choices=["on-free", "off"],
         default="on-free",
         help="on-free: zero every freed KV page before it is handed out again (default); off: never.",
+    )
+    group.add_argument(
+        "--kv-owner-check",
+        choices=["on", "off"],
+        default="on",
+        help="on: before every forward, check each KV page a request reads is its own (torch_native backend); "
+        "a foreign or free page reads as zeros and aborts the request (default). Other attention backends need off.",
     )
     group.add_argument(
         "--iso-audit-log",
@@ -118,6 +126,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         tenants_file=str(Path(ours.tenants_file).resolve()) if ours.tenants_file else None,
         kv_scrub=ours.kv_scrub,
         audit_log=str(Path(ours.iso_audit_log).resolve()) if ours.iso_audit_log else None,
+        kv_owner_check=ours.kv_owner_check,
     )
 
 

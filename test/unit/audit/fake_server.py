@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class FakeCacheServer:
@@ -51,10 +52,11 @@ def _handler(fake: FakeCacheServer) -> type[BaseHTTPRequestHandler]:
                 return
             prompt = body.get("text", body.get("prompt", ""))
             tokens, cached = fake.handle(key, prompt)
+            events: list[dict[str, Any]]
             if self.path == "/generate":
                 events = [{"text": "x", "meta_info": {"prompt_tokens": tokens, "cached_tokens": cached}}]
             else:
-                usage = {"prompt_tokens": tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+                usage: dict[str, Any] = {"prompt_tokens": tokens, "prompt_tokens_details": {"cached_tokens": cached}}
                 events = [{"choices": [{"text": "x"}], "usage": None}, {"choices": [], "usage": usage}]
             if not body.get("stream"):
                 merged = events[0] | ({"usage": events[-1]["usage"]} if self.path != "/generate" else {})

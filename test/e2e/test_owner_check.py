@@ -1,0 +1,76 @@
+"""Forced corruption: a foreign KV index planted in a request's row is caught before attention.
+
+The server runs with the test-only plant switch: an admin command arms the next
+forward of one tenant to get a slot of another tenant's page written into its
+row. The request must be aborted with a clear error, the violation counter must
+rise, and the other tenant's KV must not be read (the slot is replaced by the
+zero page). Positive control in the same run: the same tenant's request with
+only its own pages is served normally, before and after.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from sglang_iso.server.process import request_json
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+from .conftest import start_iso_server
+
+pytestmark = pytest.mark.e2e
+
+
+def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
+    keys = {name: new_api_key() for name in ("acme", "globex", "admin")}
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
+    for name in ("acme", "globex"):
+        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
+    (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
+    server = start_iso_server("--tenants-file", str(tmp_path / "t.toml"), env={"SGLANG_ISO_TEST_PLANT_FOREIGN": "1"})
+
+    def gen(tenant: str, text: str, n: int = 8) -> tuple[int, dict]:
+        return server.post(
+            "/generate",
+            {"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}},
+            headers={"Authorization": f"Bearer {keys[tenant]}"},
+            timeout_s=300,
+        )
+
+    def status() -> dict:
+        code, info = request_json(
+            server.base_url + "/get_server_info", None, headers={"Authorization": f"Bearer {keys['admin']}"}
+        )
+        assert code == 200
+        return info["internal_states"][0]["sglang_iso"]["tree_cache"]
+
+    try:
+        server.start()
+        assert status()["kv_owner_check"] == "on"
+        code, _ = gen("globex", "globex private notes: " + "secret " * 80)  # globex now owns pages
+        assert code == 200
+        code, out = gen("acme", "acme question one")  # positive control: own pages only
+        assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
+        assert status()["owner_violations"] == 0
+
+        code, armed = server.post(
+            "/set_internal_state",
+            {"server_args": {"sglang_iso.test_plant:acme": 1}},
+            headers={"Authorization": f"Bearer {keys['admin']}"},
+        )
+        assert code == 200, armed
+        code, out = gen("acme", "acme question two", n=30)
+        aborted = code == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert aborted or 400 <= code < 500, (code, out)
+        message = str(out)
+        assert "isolation violation" in message
+        assert status()["owner_violations"] >= 1
+        assert "isolation-violation" in server.log_text()
+
+        code, out = gen("acme", "acme question three")  # served normally afterwards
+        assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
+    finally:
+        server.stop()
