@@ -16,6 +16,8 @@ USAGE = """sglang-iso COMMAND [ARGS]
 commands:
   serve [SGLANG AND SGLANG-ISO FLAGS]   start the server (see `sglang-iso serve --help`)
   demo [--port PORT]                    serve the bundled tiny model and show a cache hit
+  audit --base-url URL --victim-key K --attacker-key K2 [...]
+                                        prompt-cache side-channel audit (KS test on TTFT, cached_tokens oracle)
   router [SGLANG-ROUTER FLAGS]          run sglang-router (python -m sglang_router.launch_router) on this install
   keys new --tenant ID | --admin        mint an API key; prints it once and its key_sha256 line
   keys hash                             hash a key read from stdin
@@ -39,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_iso.demo import main as demo_main
 
         return demo_main(rest)
+    if command == "audit":
+        from sglang_iso.audit import main as audit_main
+
+        return audit_main(rest)
     if command == "router":
         return _router(rest)
     if command == "keys":
