@@ -21,7 +21,7 @@ test-fast: install
 	$(PY) -m pytest -m "not e2e"
 
 lint: install
-	$(VENV)/bin/ruff check python test scripts benchmark
+	$(VENV)/bin/ruff check python test scripts benchmark examples sgl-kernel-patches
 	$(VENV)/bin/mypy
 
 clean:
