@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# NOTE: Triton reads TRITON_INTERPRET when kernels are decorated, and SGLang (imported by many test modules at
+# collection) brings Triton in early: set it before anything else so the kernel tests run interpreted on CPU.
+# Servers started by the tests do not inherit it (ServerProcess drops it).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang_iso.platform import bootstrap
 

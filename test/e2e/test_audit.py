@@ -30,6 +30,8 @@ from .test_tenants import TENANTS, write_tenants_file
 pytestmark = pytest.mark.e2e
 
 SAMPLES = "20"
+UPSTREAM_SAMPLES = "30"
+"""More for upstream: under machine load some hits come out slow (D fell to 0.55, p = 0.002, at 20 samples once)."""
 PROMPT_TOKENS = "800"
 ALPHA = 0.01
 
@@ -66,15 +68,24 @@ def iso(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Itera
         server.stop()
 
 
-def _audit(out: Path, *argv: str) -> dict[str, dict]:
-    common = ["--samples", SAMPLES, "--prompt-tokens", PROMPT_TOKENS, "--alpha", str(ALPHA), "--out-dir", str(out)]
+def _audit(out: Path, *argv: str, samples: str = SAMPLES) -> dict[str, dict]:
+    common = ["--samples", samples, "--prompt-tokens", PROMPT_TOKENS, "--alpha", str(ALPHA), "--out-dir", str(out)]
     assert main([*common, *argv]) == 0
     return {r["scope"]: r for r in json.loads((out / "audit.json").read_text())["results"]}
 
 
 def test_upstream_shares_across_clients(upstream: ServerProcess, tmp_path: Path) -> None:
     # No keys and no cache_salt/extra_key: upstream's one global cache.
-    results = _audit(tmp_path, "--base-url", upstream.base_url, "--api", "sglang", "--scopes", "other-tenant")
+    results = _audit(
+        tmp_path,
+        "--base-url",
+        upstream.base_url,
+        "--api",
+        "sglang",
+        "--scopes",
+        "other-tenant",
+        samples=UPSTREAM_SAMPLES,
+    )
     other = results["other-tenant"]
     assert other["detected"] and other["p_value"] < ALPHA, other
     assert other["median_attacker_s"] < other["median_miss_s"]

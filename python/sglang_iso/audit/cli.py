@@ -7,6 +7,7 @@ Exit codes: 0 the audit ran (whatever the verdicts), 1 a request failed or too f
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import secrets
 import sys
@@ -173,9 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
         "timings with certain misses. Scopes: " + scope_help(),
     )
     p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (default %(default)s)")
-    p.add_argument("--victim-key", help="API key of the victim (omit for a server without keys)")
-    p.add_argument("--attacker-key", help="API key of another tenant (scope other-tenant)")
-    p.add_argument("--same-tenant-key", help="a second key of the victim's tenant (scope same-tenant)")
+    p.add_argument(
+        "--victim-key",
+        default=os.environ.get("SGLANG_ISO_AUDIT_VICTIM_KEY"),
+        help="API key of the victim (or $SGLANG_ISO_AUDIT_VICTIM_KEY; omit for a server without keys)",
+    )
+    p.add_argument(
+        "--attacker-key",
+        default=os.environ.get("SGLANG_ISO_AUDIT_ATTACKER_KEY"),
+        help="API key of another tenant, scope other-tenant (or $SGLANG_ISO_AUDIT_ATTACKER_KEY)",
+    )
+    p.add_argument(
+        "--same-tenant-key",
+        default=os.environ.get("SGLANG_ISO_AUDIT_SAME_TENANT_KEY"),
+        help="a second key of the victim's tenant, scope same-tenant (or $SGLANG_ISO_AUDIT_SAME_TENANT_KEY)",
+    )
     p.add_argument("--api", choices=sorted(APIS), default="openai", help="openai: /v1/completions; sglang: /generate")
     p.add_argument(
         "--timing", choices=list(TIMINGS), default="ttft", help="; ".join(f"{k}: {v}" for k, v in TIMINGS.items())

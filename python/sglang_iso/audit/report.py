@@ -61,6 +61,7 @@ def write_plot(path: Path, results: list[ScopeResult], samples: list[ScopeSample
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     by_scope = {s.scope.name: s for s in samples}
@@ -73,6 +74,7 @@ def write_plot(path: Path, results: list[ScopeResult], samples: list[ScopeSample
             ax.step(xs, ys, where="post", label=label, color=color)
         ax.set_title(f"{r.scope}: p={r.p_value:.2g} ({r.verdict})", fontsize=10)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor log labels overlap on a narrow axis
         ax.set_xlabel("latency (ms, log scale)")
         ax.set_ylabel("empirical CDF")
         ax.legend(loc="lower right", fontsize=8)
