@@ -60,7 +60,7 @@ def scrub_pages(
     else:
         rows = _page_rows(page_ids, page_size)  # [num_pages * page_size] int64
         for buf in live:
-            _byte_rows(buf).index_fill_(0, rows, 0)
+            _fill_rows(buf).index_fill_(0, rows, 0)
 
 
 def scrub_rows(req_to_token: torch.Tensor, row_ids: torch.Tensor) -> None:
@@ -121,6 +121,18 @@ def _page_rows(page_ids: torch.Tensor, page_size: int) -> torch.Tensor:
     """``[num_pages * page_size]`` int64 slot rows covered by ``page_ids`` (page-major order)."""
     offsets = torch.arange(page_size, dtype=torch.int64, device=page_ids.device)  # [page_size]
     return (page_ids[:, None] * page_size + offsets[None, :]).reshape(-1)  # [num_pages * page_size]
+
+
+# NOTE: dtypes whose zero value is all-zero bits and that index_fill_ handles natively; filling in the buffer's
+# own dtype is ~15x faster on CPU than a uint8 view (measured in benchmark/scrub.py).
+_NATIVE_FILL = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16)
+
+
+def _fill_rows(buf: torch.Tensor) -> torch.Tensor:
+    """``[num_slots, row_elems]`` view in the buffer's dtype when zero-filling it zeroes every byte, else bytes."""
+    if buf.dtype in _NATIVE_FILL:
+        return buf.view(buf.shape[0], -1)  # [num_slots, row_elems]
+    return _byte_rows(buf)
 
 
 def _byte_rows(buf: torch.Tensor) -> torch.Tensor:
