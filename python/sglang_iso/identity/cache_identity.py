@@ -80,18 +80,22 @@ class CacheIdentity:
 
 def encode_identity(identity: CacheIdentity) -> bytes:
     """Injective byte encoding of every field of ``identity`` (see the module docstring)."""
-    fields: list[str | int | None] = [
-        identity.tenant_id,
+    fields: list[str | int | None] = [identity.tenant_id, *kv_fields(identity), identity.cache_salt]
+    optional = {3, 4, 7}
+    return encode_fields(IDENTITY_DOMAIN_TAG, fields, optional)
+
+
+def kv_fields(identity: CacheIdentity) -> list[str | int | None]:
+    """The fields that determine the KV bytes, in wire order: model, tokenizer, adapter id and version (both
+    optional), KV dtype, page size."""
+    return [
         identity.model_fingerprint,
         identity.tokenizer_fingerprint,
         identity.adapter_id,
         identity.adapter_version,
         identity.kv_dtype,
         identity.page_size,
-        identity.cache_salt,
     ]
-    optional = {3, 4, 7}
-    return encode_fields(IDENTITY_DOMAIN_TAG, fields, optional)
 
 
 def encode_fields(domain_tag: bytes, fields: list[str | int | None], optional: set[int]) -> bytes:

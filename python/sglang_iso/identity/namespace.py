@@ -19,7 +19,7 @@ import hashlib
 import hmac
 from typing import NamedTuple
 
-from sglang_iso.identity.cache_identity import CacheIdentity, encode_fields, encode_identity
+from sglang_iso.identity.cache_identity import CacheIdentity, encode_fields, encode_identity, kv_fields
 
 MIN_SECRET_BYTES = 32
 """Shortest accepted HMAC key (256 bits, the SHA-256 output size)."""
@@ -62,15 +62,7 @@ class NamespaceKeyer:
 
     def tenant_namespace_id(self, identity: CacheIdentity) -> str:
         """Like :meth:`namespace_id` but ignoring ``cache_salt``: one id for all of a tenant's salts."""
-        fields: list[str | int | None] = [
-            identity.tenant_id,
-            identity.model_fingerprint,
-            identity.tokenizer_fingerprint,
-            identity.adapter_id,
-            identity.adapter_version,
-            identity.kv_dtype,
-            identity.page_size,
-        ]
+        fields: list[str | int | None] = [identity.tenant_id, *kv_fields(identity)]
         return self._mac(encode_fields(TENANT_NAMESPACE_DOMAIN_TAG, fields, {3, 4}))
 
     def scope_id(self, identity: CacheIdentity) -> str:
@@ -79,15 +71,7 @@ class NamespaceKeyer:
         Two identities with the same scope id compute identical KV for identical
         tokens; an operator-shared prefix is only readable within one scope.
         """
-        fields: list[str | int | None] = [
-            identity.model_fingerprint,
-            identity.tokenizer_fingerprint,
-            identity.adapter_id,
-            identity.adapter_version,
-            identity.kv_dtype,
-            identity.page_size,
-        ]
-        return self._mac(encode_fields(SCOPE_DOMAIN_TAG, fields, {2, 3}))
+        return self._mac(encode_fields(SCOPE_DOMAIN_TAG, kv_fields(identity), {2, 3}))
 
     def describe(self, identity: CacheIdentity) -> NamespaceRef:
         """All ids of ``identity`` at once, as the cache's ``register_namespace`` wants them."""

@@ -155,34 +155,15 @@ def request_json(
 
 
 def iso_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
-    """Command line for sglang-iso's launcher on ``port`` (CPU-friendly sizes)."""
-    return [
-        sys.executable,
-        "-m",
-        "sglang_iso.launch_server",
-        "--model-path",
-        str(model_path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--skip-server-warmup",
-        *extra,
-    ]
+    """Command line for sglang-iso's launcher on ``port`` (loopback, no warmup)."""
+    return _server_argv("sglang_iso.launch_server", port, model_path, extra)
 
 
 def baseline_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
     """Command line for plain upstream SGLang (the comparison baseline) on ``port``."""
-    return [
-        sys.executable,
-        "-m",
-        "sglang_iso.baseline_server",
-        "--model-path",
-        str(model_path),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--skip-server-warmup",
-        *extra,
-    ]
+    return _server_argv("sglang_iso.baseline_server", port, model_path, extra)
+
+
+def _server_argv(module: str, port: int, model_path: Path | str, extra: tuple[str, ...]) -> list[str]:
+    host = ["--host", "127.0.0.1", "--port", str(port)]
+    return [sys.executable, "-m", module, "--model-path", str(model_path), *host, "--skip-server-warmup", *extra]
