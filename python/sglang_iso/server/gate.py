@@ -71,6 +71,7 @@ FORBIDDEN_FIELDS: dict[str, str] = {
     "bootstrap_room": "disaggregation transfer is server-internal",
     "bootstrap_pair_key": "disaggregation transfer is server-internal",
     "custom_logit_processor": "server-side code execution is not offered to tenants",
+    "previous_response_id": "stored responses are not partitioned by tenant",
 }
 # Headers a tenant may not send.
 FORBIDDEN_HEADERS: dict[str, str] = {

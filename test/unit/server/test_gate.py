@@ -86,3 +86,10 @@ def test_forbidden_field_names_the_field(gate) -> None:  # type: ignore[no-untyp
     status, out, _ = call(g, "/v1/chat/completions", {"messages": [], "extra_key": "globex"}, key=KEYS["acme"])
     assert status == 400 and out["error"]["param"] == "extra_key"
     assert not seen
+
+
+def test_previous_response_id_is_refused(gate) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    status, out, _ = call(g, "/v1/responses", {"input": "hi", "previous_response_id": "resp_x"}, key=KEYS["acme"])
+    assert status == 400 and out["error"]["param"] == "previous_response_id"
+    assert not seen
