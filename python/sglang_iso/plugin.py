@@ -18,13 +18,6 @@ def register() -> None:
 
     cpu.apply()
 
-    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+    from sglang_iso.integration import registration
 
-    from sglang_iso.integration import frontend, hooks
-    from sglang_iso.integration.backend import BACKEND_NAME, build_tenant_cache
-
-    if get_radix_cache_factory(BACKEND_NAME) is None:
-        register_radix_cache_backend(BACKEND_NAME, build_tenant_cache)
-        hooks.install()
-        frontend.install()
-        logger.info("sglang-iso: registered radix cache backend %r", BACKEND_NAME)
+    registration.install()

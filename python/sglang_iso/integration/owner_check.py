@@ -66,6 +66,8 @@ class OwnerTable:
         self.row_owner = torch.full((rows,), FREE, dtype=torch.int32, device=device)
         self._row_req: dict[int, weakref.ReferenceType[Any]] = {}
         self._slots: dict[str, int] = {}
+        self._namespaces: dict[int, str] = {}  # slot -> namespace (reverse of _slots)
+        self._allowed: dict[int, torch.Tensor] = {}  # owner slot -> int32 slots it may read besides its own
         self.violations = 0
         self.violating_rows: set[int] = set()
         self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV)
@@ -153,6 +155,7 @@ class OwnerTable:
         slot = self._slots.get(namespace)
         if slot is None:
             slot = self._slots[namespace] = len(self._slots) + 1
+            self._namespaces[slot] = namespace
         return slot
 
     def owner_of_req(self, req: Any) -> int:
@@ -161,9 +164,14 @@ class OwnerTable:
         ns = self.cache._namespace(RadixKey([], req.extra_key, cache_salt=req.cache_salt))
         return self.slot_of(ns)
 
-    def shared_slots_for(self, row_owner: int) -> list[int]:
-        ns = next((n for n, s in self._slots.items() if s == row_owner), None)
-        return [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
+    def allowed_for(self, owner: int, device: torch.device) -> torch.Tensor:
+        """The zero page's slot and the shared-prefix slots ``owner`` may read (fixed by configuration)."""
+        allowed = self._allowed.get(owner)
+        if allowed is None:
+            ns = self._namespaces.get(owner)
+            shared = [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
+            allowed = self._allowed[owner] = torch.tensor([self.zero_owner, *shared], dtype=torch.int32, device=device)
+        return allowed
 
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
@@ -193,14 +201,13 @@ class OwnerTable:
             current = self.page_owner[new_pages]
             adopt = (current == FREE) | (current == owner)
             self.page_owner[new_pages[adopt]] = owner
-            allowed = [self.zero_owner, *self.shared_slots_for(owner)]
             checked = checked_gather_slots(
                 slots,
                 self.page_owner,
                 owner,
                 page_size=self.page_size,
                 zero_page=self.zero_page,
-                allowed_extra=torch.tensor(allowed, dtype=torch.int32, device=slots.device),
+                allowed_extra=self.allowed_for(owner, slots.device),
             )
             bad = int(checked.violations)
             if bad:
@@ -235,7 +242,7 @@ class OwnerTable:
 
     def _plant(self, row: int, owner: int, req_to_token: torch.Tensor) -> bool:
         """Test-only: write one slot of a page another owner holds at position 0 of this row."""
-        ns = next((n for n, s in self._slots.items() if s == owner), None)
+        ns = self._namespaces.get(owner)
         tenant = self.cache.resolver.tenant_of(ns) if ns else None
         if tenant not in self.armed_plants:
             return False
