@@ -43,13 +43,13 @@ COPY pyproject.toml README.md ./
 COPY python/ python/
 COPY scripts/ scripts/
 RUN python -m pip install --no-deps -e . \
+ && python -m sglang_iso.cli cpu-hook install \
  && python - <<'PY'
-# Same smoke check as scripts/install.sh: the plugin is discoverable and the CPU shims let SGLang import.
+# Same smoke check as scripts/install.sh: the plugin is discoverable and `import sglang` works (CPU hook).
 from importlib.metadata import entry_points
 names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
 assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
-import sglang_iso.platform.bootstrap as b
-b.apply()
+import sglang  # noqa: F401
 import sglang.srt.mem_cache.registry  # noqa: F401
 print("sglang-iso installed")
 PY

@@ -20,15 +20,6 @@ import argparse
 import os
 from typing import Any
 
-try:
-    # NOTE: only needed on a CPU-only install such as sglang-iso's .venv, where `import sglang` fails
-    # without the shims (torchvision ops); a client with a regular SGLang install can drop this.
-    from sglang_iso.platform import bootstrap
-
-    bootstrap.apply()
-except ImportError:
-    pass
-
 import sglang as sgl
 
 DEFAULT_URL = "http://127.0.0.1:30000"

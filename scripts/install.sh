@@ -18,13 +18,14 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" -r requirements/dev.txt
 "${PIP[@]}" --no-deps -r requirements/deploy.txt
 "${PIP[@]}" --no-deps -e .
+# CPU shims at interpreter start, so `import sglang` works in this environment like in any SGLang one.
+"$VENV/bin/python" -m sglang_iso.cli cpu-hook install
 # Smoke check: the plugin is discoverable and the CPU shims let SGLang import.
 "$VENV/bin/python" - <<'PY'
 from importlib.metadata import entry_points
 names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
 assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
-import sglang_iso.platform.bootstrap as b
-b.apply()
+import sglang  # noqa: F401  (the interpreter-start hook applies the CPU shims)
 import sglang.srt.mem_cache.registry  # noqa: F401
 print("sglang-iso installed")
 PY

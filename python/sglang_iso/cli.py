@@ -22,6 +22,7 @@ commands:
   keys new --tenant ID | --admin        mint an API key; prints it once and its key_sha256 line
   keys hash                             hash a key read from stdin
   check-config FILE                     validate a tenants file without starting a server
+  cpu-hook install | remove | status    the interpreter-start hook that lets `import sglang` work on CPU-only torch
   model-path                            print the path of the bundled tiny model
   version                               print versions
 """
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_iso.tenancy.cli import check_config_main
 
         return check_config_main(rest)
+    if command == "cpu-hook":
+        return _cpu_hook(rest)
     if command == "model-path":
         from sglang_iso.models import tiny_model_path
 
@@ -72,6 +75,24 @@ def _router(argv: list[str]) -> int:
 
     sys.argv = ["sglang-iso router", *argv]
     runpy.run_module("sglang_router.launch_router", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _cpu_hook(argv: list[str]) -> int:
+    """Write, remove or show the ``.pth`` file that applies the CPU shims at interpreter start."""
+    from sglang_iso.platform import startup
+
+    parser = argparse.ArgumentParser(prog="sglang-iso cpu-hook", description=startup.__doc__)
+    parser.add_argument("action", choices=["install", "remove", "status"])
+    parser.add_argument("--site-packages", default=None, help="target directory (default: this interpreter's)")
+    args = parser.parse_args(argv)
+    path = startup.pth_path(args.site_packages)
+    if args.action == "install":
+        print(f"installed {startup.write_pth(args.site_packages)}")
+    elif args.action == "remove":
+        print(f"removed {path}" if startup.remove_pth(args.site_packages) else f"not installed: {path}")
+    else:
+        print(f"{'installed' if path.exists() else 'not installed'}: {path}")
     return 0
 
 

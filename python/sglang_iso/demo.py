@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -57,13 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
     except ServerStartError as exc:
-        print(f"server failed to start:\n{exc}", file=sys.stderr)
+        print(f"server failed to start (log and tenants file kept in {workdir}):\n{exc}", file=sys.stderr)
         return 1
+    rc = 1
     try:
         print(f"  serving on {server.base_url}, ready in {time.monotonic() - t0:.1f}s\n")
-        return _show(server, keys, keep_running=args.keep_running)
+        rc = _show(server, keys, keep_running=args.keep_running)
+        return rc
     finally:
         server.stop()
+        if rc == 0:
+            shutil.rmtree(workdir, ignore_errors=True)  # the keys were demo-only; nothing to keep
+        else:
+            print(f"(server log and tenants file kept in {workdir})", file=sys.stderr)
 
 
 def _show(server: ServerProcess, keys: dict[str, str], *, keep_running: bool) -> int:

@@ -27,6 +27,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         for name in getattr(item, "fixturenames", ()):
             server = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(server, ServerProcess):
+                server.keep_log = True
                 report.sections.append((f"server log ({name})", server.log_tail(150)))
 
 

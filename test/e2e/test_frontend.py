@@ -8,6 +8,7 @@ sits next to a same-tenant cache hit in the same run (the positive control).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import secrets
 import subprocess
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+PROGRAMS = Path(__file__).resolve().parent / "programs"
 TWO_TENANTS = ("acme", "globex")
 
 
@@ -188,6 +190,30 @@ def test_frontend_example_script_runs(server: ServerProcess, keys: dict[str, str
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "select:" in out.stdout and "from the cache" in out.stdout
+
+
+def test_unmodified_sglang_program_in_a_fresh_interpreter(server: ServerProcess, keys: dict[str, str]) -> None:
+    """``import sglang`` first, no sglang-iso import: the environment's start hook applies the CPU shims."""
+
+    nonce = secrets.token_hex(8)
+
+    def run(tenant: str) -> list[dict[str, int]]:
+        out = subprocess.run(
+            [sys.executable, str(PROGRAMS / "multi_turn.py"), server.base_url, keys[tenant], nonce],
+            capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+    acme = run("acme")
+    globex = run("globex")
+    assert len(acme) == 2 and len(globex) == 2, f"{acme=} {globex=}"
+    # Positive control: acme's second run reuses its first run's prompt (the nonce and everything after it).
+    assert acme[1]["answer_1"] > 8, f"{acme=}"
+    # globex's first run sends the same prompt: at most its own chat-template head (BOS and the system role
+    # markers, before the nonce), nothing of acme's.
+    assert globex[0]["answer_1"] <= 8, f"{globex=}"
+    assert acme[1]["answer_1"] > globex[0]["answer_1"] + 16, f"{acme=} {globex=}"
 
 
 # --- OpenAI Python SDK --------------------------------------------------------------------------------

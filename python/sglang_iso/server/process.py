@@ -39,7 +39,8 @@ class ServerProcess:
     Args:
         argv: the command, e.g. ``[sys.executable, "-m", "sglang_iso.launch_server", ...]``.
         port: the port it listens on (must match ``--port`` in argv).
-        log_path: where stdout and stderr go; a temp file if None.
+        log_path: where stdout and stderr go; a temp file if None, removed by :meth:`stop` unless
+            ``keep_log`` is set (it is set when the server fails to start; test reports set it on failure).
     """
 
     def __init__(
@@ -48,6 +49,8 @@ class ServerProcess:
         self.argv = list(argv)
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
+        self.owns_log = log_path is None
+        self.keep_log = False
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="sglang-iso-server-", suffix=".log")
             os.close(fd)
@@ -71,6 +74,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.keep_log = True
                 raise ServerStartError(f"server exited with code {self.proc.returncode}\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
@@ -79,11 +83,18 @@ class ServerProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.5)
+        self.keep_log = True
         self.stop()
         raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
 
     def stop(self) -> None:
-        """Kill the whole process group (SIGTERM, then SIGKILL)."""
+        """Kill the whole process group (SIGTERM, then SIGKILL); remove a temp log unless ``keep_log``."""
+        self._kill()
+        if self.owns_log and not self.keep_log:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+
+    def _kill(self) -> None:
         if self.proc is None:
             return
         try:
