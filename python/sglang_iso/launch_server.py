@@ -66,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[AUDIT_LOG_ENV] = plan.audit_log
     if plan.tenants_file is not None:
-        from sglang_iso.integration.frontend import TENANTS_FILE_ENV
+        from sglang_iso.integration.frontend import METRICS_AUTH_ENV, TENANTS_FILE_ENV
 
         os.environ[TENANTS_FILE_ENV] = plan.tenants_file
+        os.environ[METRICS_AUTH_ENV] = plan.metrics_auth
         logging.getLogger("sglang_iso").warning(
             "sglang-iso: %d tenants from %s", len(config.tenants), plan.tenants_file
         )

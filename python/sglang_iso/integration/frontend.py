@@ -12,7 +12,9 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_iso import observability
+from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
+from sglang_iso.server.request_rules import Limits
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex
@@ -20,6 +22,7 @@ from sglang_iso.tenancy.keys import KeyIndex
 logger = logging.getLogger(__name__)
 
 TENANTS_FILE_ENV = "SGLANG_ISO_TENANTS_FILE"
+METRICS_AUTH_ENV = "SGLANG_ISO_METRICS_AUTH"  # "admin" (default) or "open"
 
 _GATE_TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
@@ -62,16 +65,42 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     from sglang.srt.entrypoints import http_server
 
     keys = ReloadableKeys(KeyIndex(config))
-    http_server.app.add_middleware(TenantGate, keys=keys)
     server_args = kwargs.get("server_args", args[0] if args else None)
     tokenizer_manager = kwargs.get("tokenizer_manager", args[1] if len(args) > 1 else None)
+    holder = _ConfigHolder(config)
+    admission = Admission(
+        lambda tenant: _tenant_limit(holder, tenant),
+        default=default_limit(getattr(server_args, "max_running_requests", None)),
+    )
+    http_server.app.add_middleware(
+        TenantGate,
+        keys=keys,
+        limits=_model_limits(tokenizer_manager),
+        admission=admission,
+        metrics_need_admin=os.environ.get(METRICS_AUTH_ENV, "admin") != "open",
+    )
     global _server_args
     _server_args = server_args
     _tagger = _make_tagger(config, server_args)
-    holder = _ConfigHolder(config)
     _add_iso_routes(http_server.app, tokenizer_manager, holder)
     _install_reload(keys, holder, server_args)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
+
+
+def _tenant_limit(holder: _ConfigHolder, tenant_id: str) -> int | None:
+    tenant = holder.config.tenants.get(tenant_id)
+    return tenant.max_concurrent_requests if tenant is not None else None
+
+
+def _model_limits(tokenizer_manager: Any) -> Limits | None:
+    """Vocabulary size and context length of the served model, for the gate's bounds."""
+    model_config = getattr(tokenizer_manager, "model_config", None)
+    vocab = getattr(model_config, "vocab_size", None)
+    context = getattr(tokenizer_manager, "context_len", None)
+    if not isinstance(vocab, int) or not isinstance(context, int):
+        logger.error("sglang-iso: model limits unknown; token ids and budgets are left to SGLang's checks")
+        return None
+    return Limits(vocab_size=vocab, context_len=context)
 
 
 class _ConfigHolder:

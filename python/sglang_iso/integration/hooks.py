@@ -37,7 +37,13 @@ def install() -> None:
         handle_iso_commands,
         HookType.AROUND,
     )
-    from sglang_iso.integration import owner_check
+    from sglang_iso.integration import fairness, owner_check
+
+    HookRegistry.register(
+        "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
+        fairness.reorder_waiting_queue,
+        HookType.AFTER,
+    )
 
     HookRegistry.register(
         "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",

@@ -207,6 +207,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "the launcher starts the unmodified SGLang server",
     ),
     HookedSymbol(
+        "sglang.srt.managers.schedule_policy:SchedulePolicy.calc_priority",
+        ("self", "waiting_queue", "running_batch"),
+        "the waiting queue is interleaved by tenant after SGLang's own ordering",
+    ),
+    HookedSymbol(
         "sglang.srt.plugins:load_plugins",
         (),
         "the launcher loads plugins exactly as SGLang's own entry points do",
@@ -220,4 +225,5 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+    "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
 )

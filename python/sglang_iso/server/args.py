@@ -34,6 +34,7 @@ class LaunchPlan(NamedTuple):
     kv_scrub: str  # "on-free" or "off"
     audit_log: str | None  # absolute path
     kv_owner_check: str  # "on" or "off"
+    metrics_auth: str  # "admin" (the /metrics endpoint needs the admin key) or "open"
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +71,13 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="JSON-lines audit log (size-rotated): cache hits, auth failures, admin actions; violations go to "
         "PATH.scheduler. No prompt text.",
+    )
+    group.add_argument(
+        "--iso-metrics-auth",
+        choices=["admin", "open"],
+        default="admin",
+        help="admin: with --tenants-file, /metrics needs the admin key (Prometheus scrapes with a bearer token; "
+        "default); open: /metrics needs no key, as in upstream SGLang (it names every tenant).",
     )
     group.add_argument(
         "--iso-dry-run",
@@ -127,6 +135,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         kv_scrub=ours.kv_scrub,
         audit_log=str(Path(ours.iso_audit_log).resolve()) if ours.iso_audit_log else None,
         kv_owner_check=ours.kv_owner_check,
+        metrics_auth=ours.iso_metrics_auth,
     )
 
 
@@ -141,6 +150,7 @@ _BYPASS_FLAGS: dict[str, str] = {
 _BYPASS_ENV: dict[str, str] = {
     "SGLANG_RUST_SERVER": "the Rust front end skips the tokenizer manager",
     "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "header overrides let clients change scheduling fields",
+    "SGLANG_ENABLE_REQUEST_DECOMPRESSION": "bodies decompressed after the tenant gate would reach SGLang unchecked",
 }
 
 

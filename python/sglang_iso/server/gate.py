@@ -1,15 +1,20 @@
 """The HTTP gate: every request is authenticated and sanitized before SGLang sees it.
 
 A pure ASGI middleware (no Starlette base class, so the handler runs in the same
-task and sees what the gate records). For each HTTP request:
+task and sees what the gate records). It is the outermost layer of the app:
 
-* ``OPEN_PATHS`` (health probes, Prometheus) pass through.
+* ``lifespan`` scopes pass; WebSocket (and any other) scopes are refused: the gate
+  cannot check what a socket sends later.
+* ``OPEN_PATHS`` (health probes) pass through; ``/metrics`` too unless the
+  operator asked for it to need the admin key (``metrics_need_admin``).
 * Everything else needs ``Authorization: Bearer <key>``; a missing or unknown
   key gets 401 with an OpenAI-style JSON error.
 * ``TENANT_PATHS`` (generation, embeddings, model info) need a tenant key. The
-  JSON body is checked: fields that could name another tenant's cache entries,
-  sessions or routing are refused with 400 naming the field; a client ``rid`` is
-  prefixed with the tenant id. The tenant id is stored in ``scope["state"]``.
+  body, on every method, is checked by :mod:`sglang_iso.server.request_rules`
+  (JSON object, depth, forbidden fields, token ids, logprob counts, request ids
+  moved into the tenant's id space); an encoded body is refused (415). The
+  tenant gets a slot from :class:`~sglang_iso.server.admission.Admission` or 429.
+  The tenant id is stored in ``scope["state"]``.
 * Every other path (flush, abort, adapters, weights, profiling, internal state,
   /iso/*) needs an admin key (403 for a tenant key): unknown paths fail closed.
 """
@@ -22,6 +27,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from sglang_iso import observability
+from sglang_iso.server import request_rules
+from sglang_iso.server.admission import RETRY_AFTER_S, Admission
+from sglang_iso.server.request_rules import Limits, Refusal
 from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
 
 logger = logging.getLogger(__name__)
@@ -34,7 +42,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 STATE_TENANT = "sglang_iso_tenant"
 
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/health_generate"})
+METRICS_PATH = "/metrics"
 
 TENANT_PATHS = frozenset(
     {
@@ -58,24 +67,12 @@ TENANT_PATHS = frozenset(
     }
 )
 
-# Body fields a tenant may not send, and why (README lists them).
-FORBIDDEN_FIELDS: dict[str, str] = {
-    "extra_key": "the cache namespace is set by the server",
-    "mm_hashes": "multimodal hashes key shared caches",
-    "kv_hints": "KV placement hints address cache entries",
-    "session_params": "sessions splice other requests' tokens",
-    "routed_dp_rank": "routing is decided by the server",
-    "data_parallel_rank": "routing is decided by the server",
-    "bootstrap_host": "disaggregation transfer is server-internal",
-    "bootstrap_port": "disaggregation transfer is server-internal",
-    "bootstrap_room": "disaggregation transfer is server-internal",
-    "bootstrap_pair_key": "disaggregation transfer is server-internal",
-    "custom_logit_processor": "server-side code execution is not offered to tenants",
-    "previous_response_id": "stored responses are not partitioned by tenant",
-}
 # Headers a tenant may not send.
 FORBIDDEN_HEADERS: dict[str, str] = {
     "x-data-parallel-rank": "routing is decided by the server",
+    # NOTE: the gate checks the bytes it reads; a body decoded later (SGLang's request decompression) would
+    # reach SGLang unchecked, so encoded bodies are refused.
+    "x-body-compressed": "compressed request bodies are not accepted",
 }
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -102,18 +99,37 @@ class TenantGate:
 
     ``keys`` is consulted on every request, so swapping its index (config
     reload) takes effect for the next request without touching requests in flight.
+    ``limits`` bounds token ids and budgets (None: only the model-independent rules);
+    ``admission`` caps each tenant's requests in flight (None: no cap).
     """
 
-    def __init__(self, app: ASGIApp, keys: KeyLookup) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyLookup,
+        limits: Limits | None = None,
+        admission: Admission | None = None,
+        metrics_need_admin: bool = False,
+    ) -> None:
         self.app = app
         self.keys = keys
-        self.rejected = 0  # requests refused (401/403/400)
+        self.limits = limits
+        self.admission = admission
+        self.metrics_need_admin = metrics_need_admin
+        self.rejected = 0  # requests refused (401/403/400/413/415/429)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or scope.get("path") in OPEN_PATHS:
+        kind = scope.get("type")
+        if kind == "lifespan":
             await self.app(scope, receive, send)
             return
+        if kind != "http":
+            await self._refuse_socket(scope, receive, send)
+            return
         path = str(scope.get("path", ""))
+        if path in OPEN_PATHS or (path == METRICS_PATH and not self.metrics_need_admin):
+            await self.app(scope, receive, send)
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         principal = None
         key = parse_bearer(headers.get("authorization"))
@@ -128,7 +144,8 @@ class TenantGate:
                 _refused("admin_required", path, tenant=principal.tenant_id)
                 await self._error(send, 403, "admin_required", f"{path} needs an admin key.", "permission_error")
                 return
-            observability.audit("admin_action", method=scope.get("method"), path=path)
+            if path != METRICS_PATH:
+                observability.audit("admin_action", method=scope.get("method"), path=path)
             await self.app(scope, receive, send)
             return
         if principal.is_admin or principal.tenant_id is None:
@@ -137,48 +154,56 @@ class TenantGate:
                 send, 403, "tenant_key_required", "Generation needs a tenant key, not an admin key.", "permission_error"
             )
             return
-        tenant = principal.tenant_id
+        await self._tenant_request(scope, receive, send, principal.tenant_id, headers)
+
+    async def _tenant_request(
+        self, scope: Scope, receive: Receive, send: Send, tenant: str, headers: dict[str, str]
+    ) -> None:
         for header, why in FORBIDDEN_HEADERS.items():
             if header in headers:
                 await self._error(
                     send, 400, "forbidden_header", f"Header {header!r} is not allowed: {why}.", param=header
                 )
                 return
-        if scope.get("method") == "POST":
-            body = await _read_body(receive)
-            if body is None:
-                await self._error(send, 413, "body_too_large", "Request body too large.")
-                return
-            checked = self._check_body(body, tenant)
-            if isinstance(checked, tuple):
-                field, why = checked
-                await self._error(send, 400, "forbidden_field", f"Field {field!r} is not allowed: {why}.", param=field)
-                return
-            receive = _replay(checked, receive)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await self._error(
+                send, 415, "unsupported_encoding", f"Content-Encoding {encoding!r} is not accepted.",
+                param="content-encoding",
+            )  # fmt: skip
+            return
+        # NOTE: every method, not only POST: SGLang serves /generate and others on PUT too.
+        body = await _read_body(receive)
+        if body is None:
+            await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
+            return
+        checked = request_rules.check_body(body, tenant, self.limits)
+        if isinstance(checked, Refusal):
+            await self._error(send, checked.status, checked.code, checked.message, param=checked.field)
+            return
+        if self.admission is not None and not self.admission.try_acquire(tenant):
+            limit = self.admission.limit(tenant)
+            _refused("tenant_concurrency", str(scope.get("path", "")), tenant=tenant)
+            await self._error(
+                send, 429, "too_many_requests", f"Too many requests in flight for this key (limit {limit}).",
+                "rate_limit_error", headers=[(b"retry-after", str(RETRY_AFTER_S).encode())],
+            )  # fmt: skip
+            return
         scope.setdefault("state", {})[STATE_TENANT] = tenant
-        await self.app(scope, receive, send)
-
-    def _check_body(self, body: bytes, tenant: str) -> bytes | tuple[str, str]:
-        """The body to forward, or ``(field, reason)`` for a refused field."""
         try:
-            obj = json.loads(body) if body else None
-        except ValueError:
-            return body  # SGLang answers malformed JSON with its own 400
-        if not isinstance(obj, dict):
-            return body
-        for field, why in FORBIDDEN_FIELDS.items():
-            if obj.get(field) is not None:
-                return field, why
-        rid = obj.get("rid")
-        if rid is None:
-            return body
-        if isinstance(rid, str):
-            obj["rid"] = f"{tenant}.{rid}"
-        elif isinstance(rid, list) and all(isinstance(r, str) for r in rid):
-            obj["rid"] = [f"{tenant}.{r}" for r in rid]
-        else:
-            return "rid", "must be a string or a list of strings"
-        return json.dumps(obj).encode()
+            await self.app(scope, _replay(checked, receive), send)
+        finally:
+            if self.admission is not None:
+                self.admission.release(tenant)
+
+    async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a WebSocket handshake (403 to the client) and anything else that is not HTTP."""
+        self.rejected += 1
+        _refused("socket_refused", str(scope.get("path", "")))
+        if scope.get("type") == "websocket":
+            message = await receive()
+            if message.get("type") == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008, "reason": "not offered by this server"})
 
     async def _error(
         self,
@@ -188,6 +213,7 @@ class TenantGate:
         message: str,
         kind: str = "invalid_request_error",
         param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         self.rejected += 1
         payload = json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
@@ -195,7 +221,11 @@ class TenantGate:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *(headers or []),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": payload})

@@ -10,6 +10,8 @@ Format (TOML)::
     key_sha256 = ["<sha256 hex of an API key>"]                # at least one
     quota_tokens = 200000                    # optional positive int: resident cached tokens
     cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
+    max_concurrent_requests = 8              # optional positive int: requests in flight (default: half the
+                                             # server's --max-running-requests, else 32); beyond -> 429
 
     [[shared_prefixes]]                      # optional
     name = "support-bot-v1"
@@ -87,6 +89,8 @@ class Tenant:
     """Whether the tenant uses the prefix cache at all (``group:`` entries parse to ``private``)."""
     group: str | None
     """Cache-sharing group: tenants with the same group read each other's entries; ``None`` = alone."""
+    max_concurrent_requests: int | None = None
+    """Cap on this tenant's requests in flight at the gate (positive); ``None`` = the server's default."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ class TenantsConfig:
 
 
 _TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
-_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache")
+_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache", "max_concurrent_requests")
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -199,6 +203,9 @@ def _tenant(
         v.fail(f"{field}.id", f"invalid tenant id {tenant_id!r}; must match {TENANT_ID_PATTERN.pattern}", section, "id")
     hashes = v.key_hashes(table, "key_sha256", f"{field}.key_sha256", section, owners, required=True)
     quota = v.optional_positive_int(table, "quota_tokens", f"{field}.quota_tokens", section)
+    concurrency = v.optional_positive_int(
+        table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section
+    )
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
@@ -214,7 +221,7 @@ def _tenant(
             section,
             "cache",
         )
-    return Tenant(tenant_id, frozenset(hashes), quota, policy, group)
+    return Tenant(tenant_id, frozenset(hashes), quota, policy, group, concurrency)
 
 
 def _shared_prefix(

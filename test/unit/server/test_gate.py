@@ -36,12 +36,22 @@ def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
     return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml"))), seen
 
 
-def call(gate: TenantGate, path: str, body: dict | None = None, key: str | None = None, **headers: str):
-    raw = json.dumps(body).encode() if body is not None else b""
+def call(
+    gate: TenantGate,
+    path: str,
+    body: dict | None = None,
+    key: str | None = None,
+    *,
+    method: str = "POST",
+    raw: bytes | None = None,
+    **headers: str,
+):
+    if raw is None:
+        raw = json.dumps(body).encode() if body is not None else b""
     hdrs = [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
     if key:
         hdrs.append((b"authorization", f"Bearer {key}".encode()))
-    scope = {"type": "http", "path": path, "method": "POST", "headers": hdrs}
+    scope = {"type": "http", "path": path, "method": method, "headers": hdrs}
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -53,6 +63,7 @@ def call(gate: TenantGate, path: str, body: dict | None = None, key: str | None 
     asyncio.run(gate(scope, receive, send))
     status = sent[0]["status"]
     payload = sent[1]["body"]
+    scope["response_headers"] = dict(sent[0]["headers"])
     return status, (json.loads(payload) if status != 200 else payload), scope
 
 
@@ -93,3 +104,82 @@ def test_previous_response_id_is_refused(gate) -> None:  # type: ignore[no-untyp
     status, out, _ = call(g, "/v1/responses", {"input": "hi", "previous_response_id": "resp_x"}, key=KEYS["acme"])
     assert status == 400 and out["error"]["param"] == "previous_response_id"
     assert not seen
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "GET", "DELETE"])
+def test_every_method_with_a_body_is_checked(gate, method: str) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    status, out, _ = call(g, "/generate", {"text": "x", "extra_key": "globex"}, key=KEYS["acme"], method=method)
+    assert status == 400 and out["error"]["param"] == "extra_key"
+    # Positive control: the same method with a clean body passes, rid prefixed.
+    status, _, _ = call(g, "/generate", {"text": "x", "rid": "j"}, key=KEYS["acme"], method=method)
+    assert status == 200 and json.loads(seen[-1]["body"])["rid"] == "acme.j"
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"[" * 990 + b"]" * 990, "invalid_json"),
+        (b'{"a":' * 40 + b"1" + b"}" * 40, "invalid_json"),
+        (b'[{"role": "user", "content": "hi"}]', "invalid_json"),
+        (b'{"text": NaN}', "invalid_json"),
+        (b"\xff\xfe not json", "invalid_json"),
+    ],
+)
+def test_malformed_json_is_400_not_500(gate, raw: bytes, code: str) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    status, out, _ = call(g, "/v1/chat/completions", key=KEYS["acme"], raw=raw)
+    assert status == 400 and out["error"]["code"] == code
+    assert not seen
+
+
+def test_encoded_bodies_are_refused(gate) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"], content_encoding="zstd")[0] == 415
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"], x_body_compressed="zstd")[0] == 400
+    assert not seen
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"], content_encoding="identity")[0] == 200
+
+
+def test_websocket_is_refused_before_the_app(gate) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    scope = {
+        "type": "websocket",
+        "path": "/v1/realtime",
+        "headers": [(b"authorization", f"Bearer {KEYS['acme']}".encode())],
+    }
+    asyncio.run(g(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1008, "reason": "not offered by this server"}]
+    assert not seen
+
+
+def test_metrics_need_the_admin_key_when_asked(gate) -> None:  # type: ignore[no-untyped-def]
+    g, _ = gate
+    assert call(g, "/metrics", method="GET")[0] == 200  # default: open, as upstream
+    g.metrics_need_admin = True
+    assert call(g, "/metrics", method="GET")[0] == 401
+    assert call(g, "/metrics", method="GET", key=KEYS["acme"])[0] == 403
+    assert call(g, "/metrics", method="GET", key=KEYS["admin"])[0] == 200
+
+
+def test_tenant_over_its_limit_gets_429_with_retry_after(gate) -> None:  # type: ignore[no-untyped-def]
+    from sglang_iso.server.admission import Admission
+
+    g, _ = gate
+    g.admission = Admission(lambda _t: None, default=1)
+    g.admission.in_flight["acme"] = 1  # one request already in flight
+    status, out, scope = call(g, "/generate", {"text": "x"}, key=KEYS["acme"])
+    assert status == 429 and out["error"]["code"] == "too_many_requests"
+    assert scope["response_headers"][b"retry-after"] == b"1"
+    g.admission.release("acme")
+    # Positive control: with the slot back, the same request passes, and its own slot is released after.
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"])[0] == 200
+    assert g.admission.in_flight == {}

@@ -1,0 +1,101 @@
+"""The gate's body rules: every crasher refused with a 400 naming the field; clean bodies pass; never raises."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_iso.server.request_rules import MAX_TOP_LOGPROBS, Limits, Refusal, check_body
+
+LIMITS = Limits(vocab_size=2048, context_len=8192)
+
+
+def check(obj: Any, tenant: str = "acme") -> bytes | Refusal:
+    return check_body(json.dumps(obj).encode(), tenant, LIMITS)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"input_ids": [5, 2048]}, "input_ids"),
+        ({"input_ids": [-1]}, "input_ids"),
+        ({"input_ids": [[1, 2], [3, 9999]]}, "input_ids"),
+        ({"input_ids": [1.5]}, "input_ids"),
+        ({"tokens": [70000]}, "tokens"),
+        ({"prompt": [1, 2, 4096]}, "prompt"),
+        ({"messages": [], "top_logprobs": 5000, "logprobs": True}, "top_logprobs"),
+        ({"prompt": "x", "logprobs": 5000}, "logprobs"),
+        ({"text": "x", "top_logprobs_num": 3000}, "top_logprobs_num"),
+        ({"text": "x", "logprob_start_len": -5}, "logprob_start_len"),
+        ({"text": "x", "custom_labels": {"foo": "bar"}}, "custom_labels"),
+        ({"messages": [], "n": 100000}, "n"),
+        ({"text": "x", "sampling_params": {"max_new_tokens": 10**12}}, "sampling_params.max_new_tokens"),
+        ({"text": "x", "sampling_params": {"stop_token_ids": [99999]}}, "sampling_params.stop_token_ids"),
+        ({"messages": [], "logit_bias": {"99999": 1.0}}, "logit_bias"),
+        ({"text": "x", "rid": 5}, "rid"),
+        ({"input": "x", "request_id": "a" * 1000}, "request_id"),
+    ],
+)
+def test_crashers_are_refused_naming_the_field(body: dict[str, Any], field: str) -> None:
+    out = check(body)
+    assert isinstance(out, Refusal) and out.status == 400 and out.field == field, out
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input_ids": [0, 5, 2047]},
+        {"prompt": [[1, 2], [3]]},
+        {"prompt": ["a", "b"]},
+        {"messages": [], "logprobs": True, "top_logprobs": MAX_TOP_LOGPROBS},
+        {"text": "x", "logprob_start_len": -1, "top_logprobs_num": 5},
+        {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 8}, {"max_new_tokens": 8.0}]},
+    ],
+)
+def test_legitimate_bodies_pass_unchanged(body: dict[str, Any]) -> None:
+    raw = json.dumps(body).encode()
+    assert check_body(raw, "acme", LIMITS) == raw
+
+
+def test_request_ids_move_into_the_tenants_id_space() -> None:
+    out = check({"input": "x", "request_id": "alpha"}, tenant="beta")
+    assert isinstance(out, bytes) and json.loads(out)["request_id"] == "beta.alpha"
+    out = check({"text": ["a", "b"], "rid": ["alpha.job1", ""]}, tenant="beta")
+    assert isinstance(out, bytes) and json.loads(out)["rid"] == ["beta.alpha.job1", "beta."]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+fields = st.sampled_from(
+    ["text", "input_ids", "rid", "request_id", "top_logprobs", "logprobs", "n", "sampling_params", "prompt",
+     "tokens", "logprob_start_len", "logit_bias", "max_tokens", "top_logprobs_num"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(fields, json_values, max_size=5), st.sampled_from(["acme", "beta"]))
+def test_never_raises_and_never_forwards_a_foreign_rid(body: dict[str, Any], tenant: str) -> None:
+    out = check(body, tenant)
+    if isinstance(out, Refusal):
+        assert 400 <= out.status < 500
+        return
+    forwarded = json.loads(out)
+    for field in ("rid", "request_id"):
+        value = forwarded.get(field)
+        if value is not None:
+            for rid in value if isinstance(value, list) else [value]:
+                assert rid.startswith(tenant + "."), forwarded
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_raise(raw: bytes) -> None:
+    out = check_body(raw, "acme", LIMITS)
+    assert isinstance(out, Refusal) or out == raw
