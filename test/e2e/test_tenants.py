@@ -293,7 +293,9 @@ def test_metrics_and_audit_log_per_tenant_without_prompt_text(server: ServerProc
     server.post("/generate", {"text": "x"}, headers=auth("sk-iso-nope"))
     time.sleep(1.5)  # the scheduler exports its counters at most once a second
     generate(server, keys["acme"], long_prompt())
-    status, body = server.get("/metrics")
+    assert server.get("/metrics")[0] == 401  # it names every tenant: admin key only (--iso-metrics-auth admin)
+    assert server.get_with("/metrics", auth(keys["acme"]))[0] == 403
+    status, body = server.get_with("/metrics", auth(keys["admin"]))
     assert status == 200
     assert 'sglang_iso:cached_tokens_total{tenant="acme"}' in body
     assert 'sglang_iso:auth_failures_total{reason="unknown_key"}' in body
