@@ -12,8 +12,8 @@ could crash the server for every tenant or reach another tenant:
 * request ids (``rid``, ``request_id``) are prefixed ``<tenant>.`` so that no
   tenant's id can equal, prefix or probe another's; SGLang's own ids (uuid hex,
   no dot) cannot collide with them either;
-* token ids lie in the vocabulary; logprob counts, ``n`` and token budgets are
-  bounded (``Limits``).
+* prompts are not empty; token ids lie in the vocabulary; logprob counts, ``n``
+  and token budgets are bounded (``Limits``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ FORBIDDEN_FIELDS: dict[str, str] = {
 RID_FIELDS = ("rid", "request_id")
 # Fields holding token ids, at the top level of the body.
 TOKEN_ID_FIELDS = ("input_ids", "tokens", "token_ids_logprob", "stop_token_ids")
+# Prompt fields: an empty prompt (or batch item) crashes SGLang's scheduler (zero-length forward).
+PROMPT_FIELDS = ("text", "input_ids", "prompt", "input")
+# /generate fields that are per prompt in a batch: a list only for a batch, and then one item per prompt.
+PER_PROMPT_FIELDS = (
+    "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+    "lora_path",
+)  # fmt: skip
 # Fields with a top-logprobs count (native, chat, completions).
 TOP_LOGPROB_FIELDS = ("top_logprobs_num", "top_logprobs", "logprobs")
 # Token budgets, bounded by the model's context length.
@@ -92,7 +99,7 @@ def check_body(body: bytes, tenant: str, limits: Limits | None) -> bytes | Refus
     for field, why in FORBIDDEN_FIELDS.items():
         if obj.get(field) is not None:
             return Refusal(400, "forbidden_field", field, f"Field {field!r} is not allowed: {why}.")
-    refusal = _check_values(obj, limits)
+    refusal = _check_values(obj, limits) or _check_batch_shape(obj)
     if refusal is not None:
         return refusal
     changed = False
@@ -149,6 +156,12 @@ def _prefix_rid(value: object, tenant: str) -> str | list[str] | None:
 
 
 def _check_values(obj: dict[str, Any], limits: Limits | None) -> Refusal | None:
+    for field in PROMPT_FIELDS:
+        value = obj.get(field)
+        if value is None:
+            continue
+        if value in ("", []) or (isinstance(value, list) and any(item in ("", []) for item in value)):
+            return _bad(field, "must not be empty (nor any item of a batch)")
     params = obj.get("sampling_params")
     scopes: list[tuple[str, dict[str, Any]]] = [("", obj)]
     if isinstance(params, dict):
@@ -166,6 +179,37 @@ def _check_values(obj: dict[str, Any], limits: Limits | None) -> Refusal | None:
         if refusal is not None:
             return refusal
     return _logprob_start_len(obj)
+
+
+def _batch_size(obj: dict[str, Any]) -> int | None:
+    """Prompts in a /generate batch; None for a single prompt (or no prompt field)."""
+    text, ids = obj.get("text"), obj.get("input_ids")
+    if isinstance(text, list):
+        return len(text)
+    if isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids):
+        return len(ids)
+    return None
+
+
+def _check_batch_shape(obj: dict[str, Any]) -> Refusal | None:
+    if "text" not in obj and "input_ids" not in obj:
+        return None
+    size = _batch_size(obj)
+    for field in PER_PROMPT_FIELDS:
+        value = obj.get(field)
+        # NOTE: token_ids_logprob is itself a list for one prompt; a batch gives a list of lists.
+        is_list = isinstance(value, list) and (field != "token_ids_logprob" or any(isinstance(v, list) for v in value))
+        if value is None or not is_list:
+            if field == "sampling_params" and value is not None and not isinstance(value, dict | list):
+                return _bad(field, "must be an object (or, for a batch, a list of objects)")
+            continue
+        if size is None:
+            return _bad(field, "must not be a list for a single prompt")
+        if len(value) != size:
+            return _bad(field, f"must have one item per prompt ({size})")
+        if field == "sampling_params" and not all(isinstance(v, dict) for v in value):
+            return _bad(field, "items must be objects")
+    return None
 
 
 def _token_ids(prefix: str, scope: dict[str, Any], limits: Limits | None) -> Refusal | None:

@@ -93,3 +93,20 @@ def test_tenants_file_skips_warmup_and_refuses_shared_keys() -> None:
 def test_without_tenants_file_shared_keys_pass_through() -> None:
     plan = plan_launch(["--model-path", "m", "--api-key", "k"], cuda_available=True)
     assert plan.tenants_file is None and "--api-key" in plan.sglang_argv
+
+
+def test_request_decompression_is_refused_with_tenants() -> None:
+    # Bodies decompressed after the gate would reach SGLang unchecked.
+    with pytest.raises(ValueError, match="SGLANG_ENABLE_REQUEST_DECOMPRESSION"):
+        plan_launch(
+            ["--model-path", "m", "--tenants-file", "t.toml"],
+            cuda_available=True,
+            env={"SGLANG_ENABLE_REQUEST_DECOMPRESSION": "1"},
+        )
+
+
+def test_metrics_auth_defaults_to_admin() -> None:
+    plan = plan_launch(["--model-path", "m", "--tenants-file", "t.toml"], cuda_available=True, env={})
+    assert plan.metrics_auth == "admin"
+    plan = plan_launch(["--model-path", "m", "--iso-metrics-auth", "open"], cuda_available=True, env={})
+    assert plan.metrics_auth == "open" and "--iso-metrics-auth" not in plan.sglang_argv

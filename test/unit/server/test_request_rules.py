@@ -37,6 +37,15 @@ def check(obj: Any, tenant: str = "acme") -> bytes | Refusal:
         ({"text": "x", "sampling_params": {"stop_token_ids": [99999]}}, "sampling_params.stop_token_ids"),
         ({"messages": [], "logit_bias": {"99999": 1.0}}, "logit_bias"),
         ({"text": "x", "rid": 5}, "rid"),
+        ({"text": ""}, "text"),
+        ({"text": ["a", ""]}, "text"),
+        ({"input_ids": []}, "input_ids"),
+        ({"input_ids": [[1], []]}, "input_ids"),
+        ({"prompt": ""}, "prompt"),
+        ({"text": "x", "sampling_params": [{}]}, "sampling_params"),
+        ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+        ({"text": "x", "rid": ["a"]}, "rid"),
+        ({"text": "x", "sampling_params": 5}, "sampling_params"),
         ({"input": "x", "request_id": "a" * 1000}, "request_id"),
     ],
 )
@@ -54,6 +63,8 @@ def test_crashers_are_refused_naming_the_field(body: dict[str, Any], field: str)
         {"messages": [], "logprobs": True, "top_logprobs": MAX_TOP_LOGPROBS},
         {"text": "x", "logprob_start_len": -1, "top_logprobs_num": 5},
         {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 8}, {"max_new_tokens": 8.0}]},
+        {"text": "a", "return_logprob": True, "token_ids_logprob": [1, 2]},
+        {"input_ids": [[1], [2]], "token_ids_logprob": [[1], [2]]},
     ],
 )
 def test_legitimate_bodies_pass_unchanged(body: dict[str, Any]) -> None:
