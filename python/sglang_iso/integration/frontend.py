@@ -12,6 +12,7 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_iso import observability
+from sglang_iso.integration import lora
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
@@ -29,7 +30,7 @@ _WEIGHT_TARGETS = (
     "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_distributed",
     "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_ipc",
 )
-FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET, *_WEIGHT_TARGETS)
+FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET, *_WEIGHT_TARGETS, *lora.LORA_HOOK_TARGETS)
 
 _tagger: NamespaceTagger | None = None
 _server_args: Any = None
@@ -42,6 +43,7 @@ def install() -> None:
     HookRegistry.register(_TAG_TARGET, tag_and_observe, HookType.AROUND)
     for target in _WEIGHT_TARGETS:
         HookRegistry.register(target, after_weight_update, HookType.AROUND)
+    lora.install()
 
 
 def tenants_config() -> TenantsConfig | None:
@@ -70,6 +72,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     _tagger = _make_tagger(config, server_args)
     holder = _ConfigHolder(config)
     _add_iso_routes(http_server.app, tokenizer_manager, holder)
+    lora.prewarm(tokenizer_manager)
     _install_reload(keys, holder, server_args)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
 
@@ -234,34 +237,52 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
     per-tenant metrics and the audit log from the final outputs.
     """
     request = kwargs.pop("request", request)
-    tenant = tag_request(obj, request)
+    try:
+        tenant = tag_request(obj, request, manager)
+    except (lora.AdapterForbidden, lora.AdapterNotLoaded) as exc:
+        return _refused(exc)
     outputs = original(manager, obj, request, *args, **kwargs)
     if tenant is None or (observability.metrics() is None and observability.audit_logger() is None):
         return outputs
     return _observe(outputs, tenant, _short_namespace(getattr(obj, "extra_key", None)))
 
 
-def tag_request(obj: Any, request: Any) -> str | None:
-    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any."""
+def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
+    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any.
+
+    Raises:
+        lora.AdapterForbidden: the request names an adapter its tenant may not use.
+        lora.AdapterNotLoaded: the request names an adapter that is not loaded.
+    """
     if os.environ.get(TENANTS_FILE_ENV) is None:
         return None
     state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
     tenant = state if isinstance(state, str) else None
     tagger = _tagger
+    if hasattr(obj, "lora_id"):
+        obj.lora_id = None  # NOTE: SGLang sets it from lora_path; a client-chosen id would skip the allow-list
+    entry = tagger.config.tenants.get(tenant) if tagger is not None and tenant is not None else None
+    adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None))
     tag = None
     if tenant is not None and tagger is not None:
         salt = getattr(obj, "cache_salt", None)
-        lora = getattr(obj, "lora_path", None)
         tag = tagger.tag(
             tenant,
             cache_salt=salt if isinstance(salt, str) else None,
-            adapter=lora if isinstance(lora, str) else None,
+            adapter=adapter.name if adapter is not None else None,
+            adapter_version=adapter.version if adapter is not None else None,
         )
     if hasattr(obj, "extra_key"):
         obj.extra_key = tag
     if hasattr(obj, "cache_salt"):
         obj.cache_salt = None
     return tenant
+
+
+async def _refused(exc: Exception) -> Any:
+    # NOTE: raised from the generator, as SGLang raises its own request errors, so every front end answers it.
+    raise exc
+    yield  # pragma: no cover - makes this an async generator
 
 
 def _short_namespace(tag: Any) -> str | None:

@@ -363,7 +363,10 @@ class TenantRadixCache(BasePrefixCache):
 
     def _configure(self, ns: str) -> None:
         owner = self.resolver.tenant_of(ns)
-        self.tree.register_namespace(ns, tenant_id=owner or "open", scope=SHARED_SCOPE)
+        lora_id = self.resolver.adapter_of(ns)
+        # NOTE: a LoRA namespace gets its own KV scope, because operator-shared prefixes hold base-model KV.
+        scope = SHARED_SCOPE if lora_id is None else f"lora:{lora_id}"
+        self.tree.register_namespace(ns, tenant_id=owner or "open", scope=scope)
         settings = self.policies.get(owner) if owner is not None else None
         if settings is not None:
             self.tree.set_quota(ns, settings.quota_tokens)

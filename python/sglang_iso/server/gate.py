@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from sglang_iso import observability
+from sglang_iso.server import adapters
 from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,12 @@ class TenantGate:
             body = await _read_body(receive)
             if body is None:
                 await self._error(send, 413, "body_too_large", "Request body too large.")
+                return
+            refusal = adapters.check_body_bytes(principal.adapters, body)
+            if refusal is not None:
+                kind = "permission_error" if refusal.status == 403 else "invalid_request_error"
+                await self._error(send, refusal.status, refusal.code, f"{refusal.field}: {refusal.reason}.", kind,
+                                  param=refusal.field)  # fmt: skip
                 return
             checked = self._check_body(body, tenant)
             if isinstance(checked, tuple):

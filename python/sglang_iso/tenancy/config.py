@@ -10,6 +10,7 @@ Format (TOML)::
     key_sha256 = ["<sha256 hex of an API key>"]                # at least one
     quota_tokens = 200000                    # optional positive int: resident cached tokens
     cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
+    adapters = ["acme-support"]              # optional: LoRA adapters it may use; default none (base model only)
 
     [[shared_prefixes]]                      # optional
     name = "support-bot-v1"
@@ -39,6 +40,7 @@ from sglang_iso.tenancy.errors import ConfigError
 from sglang_iso.tenancy.secret import SecretError, read_secret_env, read_secret_file
 
 __all__ = [
+    "ADAPTER_NAME_PATTERN",
     "ALL_TENANTS",
     "GROUP_NAME_PATTERN",
     "KEY_HASH_PATTERN",
@@ -69,6 +71,9 @@ ALL_TENANTS: AllTenants = "*"
 GROUP_NAME_PATTERN = TENANT_ID_PATTERN
 """Names after ``group:`` follow the tenant id rule."""
 
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+"""LoRA adapter names a tenant may be allowed: letters, digits, ``.``, ``_``, ``/``, ``-``; 1-128 chars."""
+
 SHARED_PREFIX_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Shared prefix names: letters, digits, ``.``, ``_``, ``-``; 1-128 chars."""
 
@@ -87,6 +92,8 @@ class Tenant:
     """Whether the tenant uses the prefix cache at all (``group:`` entries parse to ``private``)."""
     group: str | None
     """Cache-sharing group: tenants with the same group read each other's entries; ``None`` = alone."""
+    adapters: frozenset[str] = frozenset()
+    """Names of the LoRA adapters the tenant may use (``adapters``); empty = base model only."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class TenantsConfig:
 
 
 _TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
-_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache")
+_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache", "adapters")
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -214,7 +221,26 @@ def _tenant(
             section,
             "cache",
         )
-    return Tenant(tenant_id, frozenset(hashes), quota, policy, group)
+    adapters = _adapters(v, table, f"{field}.adapters", section)
+    return Tenant(tenant_id, frozenset(hashes), quota, policy, group, adapters)
+
+
+def _adapters(v: Validator, table: dict[str, object], field: str, section: tuple[str, int]) -> frozenset[str]:
+    if "adapters" not in table:
+        return frozenset()
+    names = v.string_list(table, "adapters", field, section)
+    for index, name in enumerate(names):
+        if not ADAPTER_NAME_PATTERN.fullmatch(name):
+            v.fail(
+                f"{field}[{index}]",
+                f"invalid adapter name {name!r}; must match {ADAPTER_NAME_PATTERN.pattern}",
+                section,
+                "adapters",
+                f'"{name}"',
+            )
+        if name in names[:index]:
+            v.fail(f"{field}[{index}]", f"adapter {name!r} listed twice", section, "adapters", f'"{name}"', 1)
+    return frozenset(names)
 
 
 def _shared_prefix(

@@ -93,3 +93,15 @@ def test_tenants_file_skips_warmup_and_refuses_shared_keys() -> None:
 def test_without_tenants_file_shared_keys_pass_through() -> None:
     plan = plan_launch(["--model-path", "m", "--api-key", "k"], cuda_available=True)
     assert plan.tenants_file is None and "--api-key" in plan.sglang_argv
+
+
+def test_cpu_picks_a_cpu_capable_lora_backend_only_with_lora_on() -> None:
+    for lora in (["--enable-lora"], ["--lora-paths", "a=/x"]):
+        argv = plan_launch(["--model-path", "m", *lora], cuda_available=False).sglang_argv
+        assert argv[argv.index("--lora-backend") + 1] == "torch_native"
+    assert "--lora-backend" not in plan_launch(["--model-path", "m"], cuda_available=False).sglang_argv
+    assert "--lora-backend" not in plan_launch(["--model-path", "m", "--enable-lora"], cuda_available=True).sglang_argv
+    argv = plan_launch(
+        ["--model-path", "m", "--enable-lora", "--lora-backend", "triton"], cuda_available=False
+    ).sglang_argv
+    assert argv.count("--lora-backend") == 1 and argv[argv.index("--lora-backend") + 1] == "triton"
