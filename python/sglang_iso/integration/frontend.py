@@ -134,7 +134,9 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
                 "quota_tokens": tenant.quota_tokens,
                 "ranks": [rank.get(owner, {}) for rank in per_rank],
             }
-        return ORJSONResponse({"tenants": tenants})
+        # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
+        unverified = [s.get("sglang_iso", {}).get("tree_cache", {}).get("rejected_tags", 0) for s in states]
+        return ORJSONResponse({"tenants": tenants, "unverified_tags": unverified})
 
     async def iso_flush(body: dict[str, Any]) -> Any:
         config = holder.config
