@@ -187,3 +187,21 @@ def test_load_use_unload_refused_reupload_never_reuses_old_kv(
     assert v2_first == 0 and v2_again > 0  # new weights, new namespace; then its own reuse
     assert v2_text != v1_text and v2_again_text == v2_text
     assert_no_violations(server, keys)
+
+
+def test_batches_with_adapter_lists(server: ServerProcess, keys: dict[str, str]) -> None:
+    one, two = prompt(), prompt()
+    body: dict[str, Any] = {"text": [one, two], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    status, out = server.post("/generate", {**body, "lora_path": ["acme-ft", None]}, headers=auth(keys["acme"]))
+    assert status == 200 and len(out) == 2, out
+    status, again = server.post("/generate", {**body, "lora_path": ["acme-ft", None]}, headers=auth(keys["acme"]))
+    assert status == 200 and all(o["meta_info"]["cached_tokens"] > 0 for o in again), again  # positive control
+    assert [o["text"] for o in again] == [o["text"] for o in out]
+    assert out[0]["text"] == ok(server, keys["acme"], one, "acme-ft")[0]  # the list applies per prompt
+    assert out[1]["text"] == ok(server, keys["acme"], two)[0]
+    # A list naming one adapter throughout binds it like a single request: shared with single requests.
+    status, same = server.post("/generate", {**body, "lora_path": ["acme-ft", "acme-ft"]}, headers=auth(keys["acme"]))
+    assert status == 200 and same[0]["meta_info"]["cached_tokens"] > 0, same
+    status, out = server.post("/generate", {**body, "lora_path": [None, "acme-ft"]}, headers=auth(keys["globex"]))
+    assert status == 403 and "acme-ft" in out["error"]["message"], out
+    assert_no_violations(server, keys)
