@@ -100,6 +100,12 @@ def admin(server: ServerProcess, keys: dict[str, str], path: str, body: dict[str
     return out
 
 
+def acme_resident_tokens(server: ServerProcess, keys: dict[str, str]) -> int:
+    status, out = server.get_with("/iso/tenants", auth(keys["admin"]))
+    assert status == 200, out
+    return int(out["tenants"]["acme"]["ranks"][0]["resident_tokens"])
+
+
 def assert_no_violations(server: ServerProcess, keys: dict[str, str]) -> None:
     status, out = server.get_with("/iso/tenants", auth(keys["admin"]))
     assert status == 200, out
@@ -175,7 +181,9 @@ def test_load_use_unload_refused_reupload_never_reuses_old_kv(
     assert (first, v1_again) == (0, v1_text) and again > 0
     assert v1_text != ok(server, keys["acme"], text, "acme-ft")[0]  # another adapter, other output
 
+    resident = acme_resident_tokens(server, keys)
     admin(server, keys, "/unload_lora_adapter", {"lora_name": "acme-ft2"})
+    assert acme_resident_tokens(server, keys) < resident  # the unloaded adapter's KV is released
     status, out = generate(server, keys["acme"], text, "acme-ft2")
     assert status == 400 and "not loaded" in str(out) and "acme-ft2" in str(out), out  # never served
 

@@ -24,7 +24,15 @@ def adapter_dir(root: Path, name: str, payload: bytes) -> Path:
 
 
 def manager(refs: dict[str, Any], enable_lora: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(enable_lora=enable_lora, lora_ref_cache=refs)
+    sent: list[dict[str, Any]] = []
+
+    async def set_internal_state(req: Any) -> list[bool]:
+        sent.append(dict(req.server_args))
+        return [True]
+
+    return SimpleNamespace(
+        enable_lora=enable_lora, lora_ref_cache=refs, set_internal_state=set_internal_state, sent=sent
+    )
 
 
 def ref(name: str, path: Path | str | None, lora_id: str | None = None) -> SimpleNamespace:
@@ -89,6 +97,7 @@ def test_load_records_content_and_unload_forgets_the_name(tmp_path: Path) -> Non
     v1 = lora.resolve(m, {"x"}, "x")
     asyncio.run(lora.after_unload(unload, m, SimpleNamespace(lora_name="x")))
     assert "x" not in refs
+    assert m.sent == [{f"sglang_iso.flush_adapter:{loaded.lora_id}": 1}]  # its KV is released
     with pytest.raises(lora.AdapterNotLoaded):
         lora.resolve(m, {"x"}, "x")
     (folder / "adapter_model.safetensors").write_bytes(b"v2")  # re-upload under the same name

@@ -131,8 +131,21 @@ def after_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any)
     return run()
 
 
+async def _flush_load(manager: Any, lora_id: str) -> None:
+    """Release the KV computed with an unloaded adapter load: no request can match it again."""
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    from sglang_iso.integration.hooks import FLUSH_ADAPTER_COMMAND
+
+    try:
+        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_ADAPTER_COMMAND + lora_id: 1}))
+    except Exception:  # NOTE: unreachable entries are evicted anyway; a failed flush only delays that
+        logger.exception("sglang-iso: flushing the entries of an unloaded adapter failed")
+
+
 def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``unload_lora_adapter``: an unloaded name stays unloaded until an admin loads it again."""
+    """AROUND ``unload_lora_adapter``: an unloaded name stays unloaded until an admin loads it again, and
+    the KV computed with it is released."""
 
     async def run() -> Any:
         result = await original(manager, obj, *args, **kwargs)
@@ -142,6 +155,7 @@ def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: An
             ref = refs.pop(name, None)
             if ref is not None:
                 _versions.pop(str(ref.lora_id), None)
+                await _flush_load(manager, str(ref.lora_id))
             observability.audit("adapter_unloaded", adapter=name)
         return result
 

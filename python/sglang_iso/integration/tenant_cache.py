@@ -313,6 +313,10 @@ class TenantRadixCache(BasePrefixCache):
             self.tree.flush(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
         )
 
+    def flush_adapter(self, lora_id: str) -> int:
+        """Drop every unlocked entry computed with adapter load ``lora_id``; returns tokens released."""
+        return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.adapter_of(ns) == lora_id)
+
     # ------------------------------------------------------------------------------------------ private
 
     def _maybe_export(self, min_interval_s: float = 1.0) -> None:
