@@ -136,3 +136,26 @@ def test_tags_bind_the_adapter_and_its_content() -> None:
     assert v1 == tagger.tag("acme", cache_salt=None, adapter="a", adapter_version="h1")
     assert len({base, v1, tagger.tag("acme", cache_salt=None, adapter="a", adapter_version="h2")}) == 3
     assert tagger.tag("acme", cache_salt=None, adapter="b", adapter_version="h1") != v1
+
+
+def test_adapter_sent_as_tensors_is_identified_by_its_content() -> None:
+    refs: dict[str, Any] = {}
+    m = manager(refs)
+
+    def load_with(tensors: list[bytes]) -> str:
+        loaded = ref("z", "__tensor__")
+
+        async def load(_manager: Any, obj: Any) -> Any:
+            refs[obj.lora_name] = loaded
+            return SimpleNamespace(success=True)
+
+        obj = SimpleNamespace(lora_name="z", config_dict={"r": 8}, serialized_named_tensors=tensors)
+        asyncio.run(lora.after_tensor_load(load, m, obj))
+        identity = lora.resolve(m, {"z"}, "z")
+        assert identity is not None
+        return identity.version
+
+    first = load_with([b"w1"])
+    assert len(first) == 64 and first == load_with([b"w1"])
+    assert load_with([b"w2"]) != first
+    assert load_with([b"w", b"1"]) != first  # framing: the split between copies counts

@@ -29,8 +29,9 @@ from sglang_iso.server import adapters
 logger = logging.getLogger(__name__)
 
 _LOAD_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.load_lora_adapter"
+_TENSORS_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.load_lora_adapter_from_tensors"
 _UNLOAD_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"
-LORA_HOOK_TARGETS = (_LOAD_TARGET, _UNLOAD_TARGET)
+LORA_HOOK_TARGETS = (_LOAD_TARGET, _TENSORS_TARGET, _UNLOAD_TARGET)
 
 _versions: dict[str, str] = {}  # lora_id -> content hash of the files it was loaded from (or a per-load marker)
 
@@ -60,6 +61,7 @@ class AdapterNotLoaded(ValueError):
 def install() -> None:
     """Register the load/unload hooks (every process; they act only in the tokenizer manager)."""
     HookRegistry.register(_LOAD_TARGET, after_load, HookType.AROUND)
+    HookRegistry.register(_TENSORS_TARGET, after_tensor_load, HookType.AROUND)
     HookRegistry.register(_UNLOAD_TARGET, after_unload, HookType.AROUND)
 
 
@@ -141,6 +143,21 @@ async def _flush_load(manager: Any, lora_id: str) -> None:
         await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_ADAPTER_COMMAND + lora_id: 1}))
     except Exception:  # NOTE: unreachable entries are evicted anyway; a failed flush only delays that
         logger.exception("sglang-iso: flushing the entries of an unloaded adapter failed")
+
+
+def after_tensor_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``load_lora_adapter_from_tensors``: the content is the request's config and tensors."""
+
+    async def run() -> Any:
+        version = await asyncio.to_thread(adapters.tensors_hash, obj.config_dict, obj.serialized_named_tensors)
+        result = await original(manager, obj, *args, **kwargs)
+        ref = getattr(manager, "lora_ref_cache", {}).get(getattr(obj, "lora_name", None))
+        if getattr(result, "success", False) and ref is not None:
+            _versions[str(ref.lora_id)] = version or f"unhashed:{ref.lora_id}"
+            observability.audit("adapter_loaded", adapter=ref.lora_name, content=(version or "unhashed")[:16])
+        return result
+
+    return run()
 
 
 def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:

@@ -217,6 +217,16 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AROUND: records the content hash of the adapter files a load read (obj.lora_name, obj.lora_path)",
     ),
     HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.load_lora_adapter_from_tensors",
+        ("self", "obj"),
+        "AROUND: records the content hash of an adapter sent as tensors (obj.config_dict, serialized_named_tensors)",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:LoadLoRAAdapterFromTensorsReqInput",
+        (),
+        "its lora_name, config_dict and serialized_named_tensors are hashed into the adapter's identity",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.unload_lora_adapter",
         ("self", "obj"),
         "AROUND: drops the name from TokenizerManager.lora_ref_cache so SGLang cannot silently reload it",

@@ -117,3 +117,20 @@ def content_hash(path: str | None) -> str | None:
     except OSError:
         return None
     return h.hexdigest()
+
+
+def tensors_hash(config: object, serialized_tensors: object) -> str | None:
+    """SHA-256 over an adapter sent as tensors: its config (canonical JSON) and each serialized tensor copy.
+
+    Returns None when the inputs are not a JSON-serializable config and a list of bytes.
+    """
+    if not isinstance(serialized_tensors, list) or not all(isinstance(b, bytes) for b in serialized_tensors):
+        return None
+    try:
+        config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return None
+    h = hashlib.sha256(_HASH_DOMAIN + b"/tensors")
+    for part in (config_bytes, *serialized_tensors):
+        h.update(len(part).to_bytes(8, "big") + part)
+    return h.hexdigest()
