@@ -213,3 +213,13 @@ def test_batches_with_adapter_lists(server: ServerProcess, keys: dict[str, str])
     status, out = server.post("/generate", {**body, "lora_path": [None, "acme-ft"]}, headers=auth(keys["globex"]))
     assert status == 403 and "acme-ft" in out["error"]["message"], out
     assert_no_violations(server, keys)
+
+
+def test_loading_and_unloading_adapters_is_admin_only(
+    server: ServerProcess, keys: dict[str, str], adapter_dirs: dict[str, Path]
+) -> None:
+    load = {"lora_name": "acme-ft2", "lora_path": str(adapter_dirs["acme-ft2"])}
+    for path, body in (("/load_lora_adapter", load), ("/unload_lora_adapter", {"lora_name": "acme-ft"})):
+        status, out = server.post(path, body, headers=auth(keys["acme"]))
+        assert status == 403 and out["error"]["code"] == "admin_required", out
+    assert ok(server, keys["acme"], prompt(), "acme-ft")[0]  # still loaded
