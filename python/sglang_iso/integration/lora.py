@@ -133,18 +133,6 @@ def after_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any)
     return run()
 
 
-async def _flush_load(manager: Any, lora_id: str) -> None:
-    """Release the KV computed with an unloaded adapter load: no request can match it again."""
-    from sglang.srt.managers.io_struct import SetInternalStateReq
-
-    from sglang_iso.integration.hooks import FLUSH_ADAPTER_COMMAND
-
-    try:
-        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_ADAPTER_COMMAND + lora_id: 1}))
-    except Exception:  # NOTE: unreachable entries are evicted anyway; a failed flush only delays that
-        logger.exception("sglang-iso: flushing the entries of an unloaded adapter failed")
-
-
 def after_tensor_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``load_lora_adapter_from_tensors``: the content is the request's config and tensors."""
 
@@ -177,3 +165,15 @@ def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: An
         return result
 
     return run()
+
+
+async def _flush_load(manager: Any, lora_id: str) -> None:
+    """Release the KV computed with an unloaded adapter load: no request can match it again."""
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    from sglang_iso.integration.hooks import FLUSH_ADAPTER_COMMAND
+
+    try:
+        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_ADAPTER_COMMAND + lora_id: 1}))
+    except Exception:  # NOTE: unreachable entries are evicted anyway; a failed flush only delays that
+        logger.exception("sglang-iso: flushing the entries of an unloaded adapter failed")
