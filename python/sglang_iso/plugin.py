@@ -14,9 +14,9 @@ def register() -> None:
     so a server launched by sglang-iso (which selects ``tenant``) refuses to start:
     a failed plugin never degrades into an unhardened server.
     """
-    from sglang_iso.platform import cpu
+    from sglang_iso.platform import bootstrap
 
-    cpu.apply()
+    bootstrap.apply()
 
     from sglang_iso.integration import registration
 

@@ -7,8 +7,16 @@ declared shared prefix when O may read it. Anything more came from another
 tenant: a leak. Every tenant's prompts start with its own canary tokens, so no
 two tenants' prompts even share a first token by accident.
 
+LoRA adapters: some tenants may use adapters (``t1`` and ``t2`` the same name,
+the group ``g1`` its own). A namespace is an owner *and* an adapter, so the bound
+is taken over the prompts the owner sent with the same adapter (or none), and a
+LoRA request never counts the base model's shared prefix. Requests re-send
+prompts of the owner's other adapters (cross-adapter probes) and name adapters
+the tenant may not use (which must be refused with 403).
+
 Operations (seeded): generate (reuse of an own earlier prompt with a new tail,
-a fresh prompt, the shared prefix, the same "public" text for everyone),
+a fresh prompt, the shared prefix, the same "public" text for everyone), with a
+random allowed adapter or none,
 streaming with an early disconnect, admin abort of a running request, tenant
 flush, concurrent bursts. Oracles at the end: violation counters 0, the tree's
 ``check_integrity()`` clean, no locked entries when idle, every request
@@ -31,8 +39,13 @@ from typing import Any
 from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
+from ..e2e.lora_adapter import write_tiny_adapter
+
 VOCAB_LOW, VOCAB_HIGH = 16, 2000  # ordinary token ids of the bundled model (0-6 are special)
 SHARED_TEXT = " ".join(f"Policy {i}: be kind, be brief, cite the handbook." for i in range(6))
+ADAPTERS = {"t1": ("ad-a",), "t2": ("ad-a", "ad-b"), "t3": ("ad-a",), "g1a": ("ad-g", "ad-a"), "g1b": ("ad-g",)}
+"""Adapters each tenant may use (``t4``: none); all are loaded at start."""
+ADAPTER_SEEDS = {"ad-a": 11, "ad-b": 12, "ad-g": 13}
 
 
 @dataclass
@@ -43,6 +56,7 @@ class Tenant:
     key: str
     canary: list[int]
     reads_shared: bool
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,6 +65,8 @@ class FuzzReport:
     ok: int = 0
     refused: int = 0  # explicit 4xx answers (aborts)
     same_owner_hits: int = 0
+    adapter_hits: int = 0  # same-owner, same-adapter hits of LoRA requests (their positive control)
+    adapter_refusals: int = 0  # 403s for adapters not on the tenant's list
     leaks: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -70,13 +86,17 @@ def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
     for tid, cache in plan:
         canary = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(3)]
         owner = cache.split(":", 1)[1] if cache.startswith("group:") else tid
-        tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, tid in ("t1", "t2", "g1a", "g1b")))
+        reads_shared = tid in ("t1", "t2", "g1a", "g1b")
+        tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, reads_shared, ADAPTERS.get(tid, ())))
     (directory / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(admin)}"]']
     for t in tenants:
         lines += ["[[tenants]]", f'id = "{t.id}"', f'key_sha256 = ["{key_sha256(t.key)}"]', f'cache = "{t.cache}"']
         if t.id == "t2":
             lines.append("quota_tokens = 900")
+        lines.append("adapters = [" + ", ".join(f'"{a}"' for a in t.adapters) + "]")
+    for name, seed in ADAPTER_SEEDS.items():
+        write_tiny_adapter(directory / "adapters" / name, seed=seed)
     readers = ", ".join(f'"{t.id}"' for t in tenants if t.reads_shared)
     lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', f"tenants = [{readers}]"]
     path = directory / "tenants.toml"
@@ -86,7 +106,13 @@ def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
 
 def server_flags(tenants_file: Path) -> tuple[str, ...]:
     # A pool of ~10 long prompts: eviction and quota pressure happen all the time.
-    return ("--tenants-file", str(tenants_file), "--max-total-tokens", "2048", "--max-running-requests", "8")
+    # Three adapters, two per batch: adapter slots are swapped under load too.
+    adapters = [f"{name}={tenants_file.parent / 'adapters' / name}" for name in ADAPTER_SEEDS]
+    return (
+        "--tenants-file", str(tenants_file), "--max-total-tokens", "2048", "--max-running-requests", "8",
+        "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "8",
+        "--lora-target-modules", "q_proj", "v_proj", "--lora-paths", *adapters,
+    )  # fmt: skip
 
 
 class LeakFuzzer:
@@ -96,7 +122,8 @@ class LeakFuzzer:
         self.admin = admin
         self.shared_ids = shared_ids
         self.rng = random.Random(seed)
-        self.sent: dict[str, list[list[int]]] = {t.owner: [] for t in tenants}
+        # (namespace owner, adapter or None) -> prompts sent: the unit that may share KV
+        self.sent: dict[tuple[str, str | None], list[list[int]]] = {}
         self.report = FuzzReport()
 
     # ------------------------------------------------------------------ workload
@@ -120,13 +147,26 @@ class LeakFuzzer:
                     self.flush(self.rng.choice(self.tenants))
         return self.report
 
-    def prompt_for(self, t: Tenant) -> list[int]:
+    def pick_adapter(self, t: Tenant) -> str | None:
+        """None (base model) about half the time, else one of the tenant's adapters."""
+        if not t.adapters or self.rng.random() < 0.5:
+            return None
+        return self.rng.choice(t.adapters)
+
+    def bucket(self, t: Tenant, adapter: str | None) -> list[list[int]]:
+        return self.sent.setdefault((t.owner, adapter), [])
+
+    def prompt_for(self, t: Tenant, adapter: str | None = None) -> list[int]:
         r = self.rng.random()
-        own = self.sent[t.owner]
+        own = self.bucket(t, adapter)
         if r < 0.35 and own:
             base = self.rng.choice(own)
             cut = self.rng.randrange(1, len(base) + 1)
             return base[:cut] + self.tokens(self.rng.randrange(1, 40))
+        others = [p for (owner, a), ps in self.sent.items() if owner == t.owner and a != adapter for p in ps]
+        if r < 0.45 and others:
+            # Cross-adapter probe: the owner's own prompt, sent before with another adapter (or none).
+            return self.rng.choice(others) + self.tokens(self.rng.randrange(1, 10))
         if r < 0.55 and t.reads_shared:
             return self.shared_ids + t.canary + self.tokens(self.rng.randrange(5, 80))
         if r < 0.7:
@@ -144,20 +184,37 @@ class LeakFuzzer:
         return [self.rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)]
 
     def generate(self, t: Tenant, ids: list[int] | None = None) -> None:
-        ids = ids if ids is not None else self.prompt_for(t)
-        allowed = self.allowed_hit(t, ids)
-        self.sent[t.owner].append(ids)
-        status, out = self.server.post(
-            "/generate",
-            {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
-            headers=self.auth(t.key),
-            timeout_s=300,
-        )
-        self.check_answer(t, status, out, allowed)
+        if self.rng.random() < 0.05:
+            self.use_foreign_adapter(t)
+            return
+        adapter = self.pick_adapter(t)
+        ids = ids if ids is not None else self.prompt_for(t, adapter)
+        allowed = self.allowed_hit(t, ids, adapter)
+        self.bucket(t, adapter).append(ids)
+        body: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        if adapter is not None:
+            body["lora_path"] = adapter
+        status, out = self.server.post("/generate", body, headers=self.auth(t.key), timeout_s=300)
+        self.check_answer(t, status, out, allowed, adapter)
+
+    def use_foreign_adapter(self, t: Tenant) -> None:
+        """Name an adapter the tenant may not use: must be a 403, never served."""
+        foreign = [a for a in ADAPTER_SEEDS if a not in t.adapters] + ["never-loaded"]
+        adapter = self.rng.choice(foreign)
+        body = {"input_ids": t.canary + self.tokens(20), "lora_path": adapter, "sampling_params": {"max_new_tokens": 2}}
+        status, out = self.server.post("/generate", body, headers=self.auth(t.key), timeout_s=300)
+        self.report.requests += 1
+        if status == 403:
+            self.report.refused += 1
+            self.report.adapter_refusals += 1
+        elif status == 200:
+            self.report.leaks.append(f"{t.id}: served adapter {adapter!r} it may not use")
+        else:
+            self.report.errors.append(f"{t.id} foreign adapter {adapter!r}: HTTP {status} {str(out)[:200]}")
 
     def stream_and_disconnect(self, t: Tenant) -> None:
         ids = self.prompt_for(t)
-        self.sent[t.owner].append(ids)
+        self.bucket(t, None).append(ids)
         body = json.dumps({"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 64}})
         conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=120)
         try:
@@ -174,7 +231,7 @@ class LeakFuzzer:
 
     def abort_while_running(self, t: Tenant, pool: ThreadPoolExecutor) -> None:
         ids = self.prompt_for(t)
-        self.sent[t.owner].append(ids)
+        self.bucket(t, None).append(ids)
         rid = f"fz{self.rng.randrange(10**9)}"
         body = {"input_ids": ids, "rid": rid, "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
         pending = pool.submit(self.server.post, "/generate", body, headers=self.auth(t.key), timeout_s=300)
@@ -189,23 +246,25 @@ class LeakFuzzer:
             self.report.errors.append(f"flush {t.id}: HTTP {status} {out}")
 
     # ------------------------------------------------------------------ oracles
-    def allowed_hit(self, t: Tenant, ids: list[int]) -> int:
+    def allowed_hit(self, t: Tenant, ids: list[int], adapter: str | None = None) -> int:
         if t.cache == "off":
             return 0
-        best = max((_lcp(ids, p) for p in self.sent[t.owner]), default=0)
-        if t.reads_shared and ids[: len(self.shared_ids)] == self.shared_ids:
+        best = max((_lcp(ids, p) for p in self.bucket(t, adapter)), default=0)
+        # NOTE: shared prefixes hold base-model KV; a LoRA request may never read one.
+        if adapter is None and t.reads_shared and ids[: len(self.shared_ids)] == self.shared_ids:
             best = max(best, len(self.shared_ids))
         return best
 
-    def check_answer(self, t: Tenant, status: int, out: Any, allowed: int | None) -> None:
+    def check_answer(self, t: Tenant, status: int, out: Any, allowed: int | None, adapter: str | None = None) -> None:
         self.report.requests += 1
         if status == 200 and isinstance(out, dict):
             self.report.ok += 1
             cached = int(out["meta_info"].get("cached_tokens", 0))
             if allowed is not None and cached > allowed:
-                self.report.leaks.append(f"{t.id}: cached {cached} > same-owner bound {allowed}")
+                self.report.leaks.append(f"{t.id} adapter={adapter}: cached {cached} > same-owner bound {allowed}")
             if cached > 0 and t.cache != "off":
                 self.report.same_owner_hits += 1
+                self.report.adapter_hits += adapter is not None
         elif 400 <= status < 500:
             self.report.refused += 1
         else:
@@ -227,7 +286,8 @@ class LeakFuzzer:
             problems.append(f"violation counters: {out}")
         status, info = self.server.get_with("/get_server_info", self.auth(self.admin))
         tree = info["internal_states"][0]["sglang_iso"]["tree_cache"] if status == 200 else {}
-        if tree.get("violations") or tree.get("rejected_tags"):
+        unverified = out.get("unverified_tags") if isinstance(out, dict) else None
+        if tree.get("violations") or tree.get("rejected_tags") or any(unverified or []):
             problems.append(f"scheduler counters: {tree}")
         status, check = self.server.get_with("/iso/check", self.auth(self.admin))
         if status != 200 or not check.get("integrity_ok"):

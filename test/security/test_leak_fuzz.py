@@ -30,3 +30,5 @@ def test_seeded_multi_tenant_workload_leaks_nothing(tmp_path: Path, seed: int) -
     assert not report.errors, report.errors
     assert not problems, problems
     assert report.same_owner_hits > 0, "positive control: same-owner reuse must happen"
+    assert report.adapter_hits > 0, "positive control: same-owner, same-adapter reuse must happen"
+    assert report.adapter_refusals > 0, report

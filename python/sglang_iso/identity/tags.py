@@ -15,8 +15,16 @@ Two modes:
 
 Tag layout (ASCII, ``.``-separated; tenant ids never contain ``.``)::
 
-    iso1.<tenant>.<namespace id, 64 hex>.<mac, 64 hex>
+    iso1.<tenant>.<namespace id, 64 hex>.<mac, 64 hex>[<LoRA id, 32 hex>]
     mac = HMAC-SHA-256(secret, "sglang-iso/ns-tag/v1" 0x00 tenant 0x00 namespace_id)
+
+SGLang appends the id of the request's loaded LoRA adapter to ``extra_key`` with
+no separator (``Req.__init__``). The tag has a fixed length, so the suffix is
+unambiguous. Clients can set neither ``extra_key`` nor the LoRA id (the gate
+refuses both fields and the front end overwrites them), so the suffix is
+server-chosen: a tagged key with a suffix is a LoRA request, not a violation.
+Its namespace is the tag's (whose identity already names the adapter and its
+content hash) narrowed by the LoRA id, i.e. by one load of the adapter weights.
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 TAG_VERSION = "iso1"
 _MAC_DOMAIN = b"sglang-iso/ns-tag/v1"
-_TAG_RE = re.compile(r"iso1\.([a-z0-9][a-z0-9-]{0,63})\.([0-9a-f]{64})\.([0-9a-f]{64})")
+_TAG_RE = re.compile(r"iso1\.([a-z0-9][a-z0-9-]{0,63})\.([0-9a-f]{64})\.([0-9a-f]{64})([0-9a-f]{32})?")
+_LORA_ID_RE = re.compile(r"[0-9a-f]{32}")  # SGLang's LoRA ids: uuid4().hex or uuid5(...).hex
 MIN_SECRET_BYTES = 32
 
 
@@ -75,25 +84,32 @@ class NamespaceResolver:
     def resolve(self, extra_key: str | None, cache_salt: str | None) -> str | None:
         if self._secret is None:
             return "open:" + hashlib.blake2b(_frame(extra_key, cache_salt), digest_size=16).hexdigest()
-        if not extra_key:
-            # The front end tags every authenticated request; untagged ones are internal (e.g. /health).
+        if not extra_key or _LORA_ID_RE.fullmatch(extra_key):
+            # The front end tags every authenticated request; untagged ones are internal (e.g. /health),
+            # possibly with a LoRA id that SGLang appended to an empty key.
             self.untagged += 1
             return None
         match = _TAG_RE.fullmatch(extra_key)
         if match is None:
             self._reject("missing or malformed namespace tag")
             return None
-        tenant, namespace_id, mac = match.groups()
+        tenant, namespace_id, mac, lora_id = match.groups()
         if not hmac.compare_digest(mac, _mac(self._secret, tenant, namespace_id)):
             self._reject(f"bad namespace tag MAC for tenant {tenant!r}")
             return None
-        return f"t:{tenant}:{namespace_id}"
+        return f"t:{tenant}:{namespace_id}" + (f":{lora_id}" if lora_id else "")
 
     @staticmethod
     def tenant_of(namespace: str) -> str | None:
         """The tenant id of a ``tenants``-mode namespace."""
         parts = namespace.split(":")
-        return parts[1] if len(parts) == 3 and parts[0] == "t" else None
+        return parts[1] if len(parts) in (3, 4) and parts[0] == "t" else None
+
+    @staticmethod
+    def adapter_of(namespace: str) -> str | None:
+        """The LoRA id a ``tenants``-mode namespace is narrowed to; None for base-model namespaces."""
+        parts = namespace.split(":")
+        return parts[3] if len(parts) == 4 and parts[0] == "t" else None
 
     def _reject(self, why: str) -> None:
         # SECURITY: fail closed; the request is served, but shares nothing.

@@ -12,6 +12,7 @@ from typing import Any
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_iso import observability
+from sglang_iso.integration import lora
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
 from sglang_iso.server.request_rules import Limits
@@ -32,7 +33,7 @@ _WEIGHT_TARGETS = (
     "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_distributed",
     "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_ipc",
 )
-FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET, *_WEIGHT_TARGETS)
+FRONTEND_HOOK_TARGETS = (_GATE_TARGET, _TAG_TARGET, *_WEIGHT_TARGETS, *lora.LORA_HOOK_TARGETS)
 
 _tagger: NamespaceTagger | None = None
 _server_args: Any = None
@@ -45,6 +46,7 @@ def install() -> None:
     HookRegistry.register(_TAG_TARGET, tag_and_observe, HookType.AROUND)
     for target in _WEIGHT_TARGETS:
         HookRegistry.register(target, after_weight_update, HookType.AROUND)
+    lora.install()
 
 
 def tenants_config() -> TenantsConfig | None:
@@ -83,6 +85,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     _server_args = server_args
     _tagger = _make_tagger(config, server_args)
     _add_iso_routes(http_server.app, tokenizer_manager, holder)
+    lora.prewarm(tokenizer_manager)
     _install_reload(keys, holder, server_args)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
 
@@ -160,7 +163,9 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
                 "quota_tokens": tenant.quota_tokens,
                 "ranks": [rank.get(owner, {}) for rank in per_rank],
             }
-        return ORJSONResponse({"tenants": tenants})
+        # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
+        unverified = [s.get("sglang_iso", {}).get("tree_cache", {}).get("rejected_tags", 0) for s in states]
+        return ORJSONResponse({"tenants": tenants, "unverified_tags": unverified})
 
     async def iso_flush(body: dict[str, Any]) -> Any:
         config = holder.config
@@ -263,34 +268,52 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
     per-tenant metrics and the audit log from the final outputs.
     """
     request = kwargs.pop("request", request)
-    tenant = tag_request(obj, request)
+    try:
+        tenant = tag_request(obj, request, manager)
+    except (lora.AdapterForbidden, lora.AdapterNotLoaded) as exc:
+        return _refused(exc)
     outputs = original(manager, obj, request, *args, **kwargs)
     if tenant is None or (observability.metrics() is None and observability.audit_logger() is None):
         return outputs
     return _observe(outputs, tenant, _short_namespace(getattr(obj, "extra_key", None)))
 
 
-def tag_request(obj: Any, request: Any) -> str | None:
-    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any."""
+def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
+    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any.
+
+    Raises:
+        lora.AdapterForbidden: the request names an adapter its tenant may not use.
+        lora.AdapterNotLoaded: the request names an adapter that is not loaded.
+    """
     if os.environ.get(TENANTS_FILE_ENV) is None:
         return None
     state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
     tenant = state if isinstance(state, str) else None
     tagger = _tagger
+    if hasattr(obj, "lora_id"):
+        obj.lora_id = None  # NOTE: SGLang sets it from lora_path; a client-chosen id would skip the allow-list
+    entry = tagger.config.tenants.get(tenant) if tagger is not None and tenant is not None else None
+    adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None))
     tag = None
     if tenant is not None and tagger is not None:
         salt = getattr(obj, "cache_salt", None)
-        lora = getattr(obj, "lora_path", None)
         tag = tagger.tag(
             tenant,
             cache_salt=salt if isinstance(salt, str) else None,
-            adapter=lora if isinstance(lora, str) else None,
+            adapter=adapter.name if adapter is not None else None,
+            adapter_version=adapter.version if adapter is not None else None,
         )
     if hasattr(obj, "extra_key"):
         obj.extra_key = tag
     if hasattr(obj, "cache_salt"):
         obj.cache_salt = None
     return tenant
+
+
+async def _refused(exc: Exception) -> Any:
+    # NOTE: raised from the generator, as SGLang raises its own request errors, so every front end answers it.
+    raise exc
+    yield  # pragma: no cover - makes this an async generator
 
 
 def _short_namespace(tag: Any) -> str | None:

@@ -102,6 +102,8 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
 # set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1 ("*": all tenants),
 # and "sglang_iso.check_integrity" = 1 (the reply's ``updated`` is the check's outcome).
 FLUSH_COMMAND = "sglang_iso.flush:"
+# "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
+FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
 # Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot.
 PLANT_COMMAND = "sglang_iso.test_plant:"
@@ -124,7 +126,8 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     ours = [
         k
         for k in requested
-        if isinstance(k, str) and (k.startswith((FLUSH_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
+        if isinstance(k, str)
+        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
@@ -137,6 +140,10 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     for key in ours:
         if key == CHECK_COMMAND:
             ok = ok and tree_cache.check_integrity()
+            continue
+        if key.startswith(FLUSH_ADAPTER_COMMAND):
+            released = tree_cache.flush_adapter(key[len(FLUSH_ADAPTER_COMMAND) :])
+            logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", key, released)
             continue
         if key.startswith(PLANT_COMMAND):
             ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])

@@ -17,7 +17,7 @@ from sglang_iso.tenancy.config import TenantsConfig
 
 logger = logging.getLogger(__name__)
 
-SCOPE = "model"  # one model per server; LoRA requests never reach the tree (see NamespaceResolver)
+SCOPE = "model"  # one base model per server; LoRA namespaces get a scope per adapter load (TenantRadixCache)
 
 
 def declare_shared_prefixes(tree: TenantRadixTree, config: TenantsConfig, tokenizer: Any, page_size: int) -> int:

@@ -216,6 +216,51 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         (),
         "the launcher loads plugins exactly as SGLang's own entry points do",
     ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.load_lora_adapter",
+        ("self", "obj"),
+        "AROUND: records the content hash of the adapter files a load read (obj.lora_name, obj.lora_path)",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.load_lora_adapter_from_tensors",
+        ("self", "obj"),
+        "AROUND: records the content hash of an adapter sent as tensors (obj.config_dict, serialized_named_tensors)",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:LoadLoRAAdapterFromTensorsReqInput",
+        (),
+        "its lora_name, config_dict and serialized_named_tensors are hashed into the adapter's identity",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_control_mixin:TokenizerControlMixin.unload_lora_adapter",
+        ("self", "obj"),
+        "AROUND: drops the name from TokenizerManager.lora_ref_cache so SGLang cannot silently reload it",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.tokenizer_manager:TokenizerManager.init_lora",
+        ("self",),
+        "creates lora_ref_cache (name -> LoRARef), read to refuse unloaded adapters and find their files",
+    ),
+    HookedSymbol(
+        "sglang.srt.lora.lora_registry:LoRARef",
+        ("lora_id", "lora_name", "lora_path"),
+        "the loaded adapter record: its per-load id is what SGLang appends to extra_key",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.schedule_batch:Req.__init__",
+        ("extra_key", "cache_salt", "lora_id"),
+        "extra_key = (extra_key or '') + lora_id: the LoRA suffix the namespace resolver accepts after a tag",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:GenerateReqInput",
+        ("lora_path", "lora_id", "extra_key"),
+        "the front end overwrites extra_key and lora_id and checks lora_path",
+    ),
+    HookedSymbol(
+        "sglang.srt.lora.backend.torch_backend:TorchNativeLoRABackend",
+        (),
+        "the CPU LoRA backend the launcher selects; its module is unpinned by platform/lora_cpu.py",
+    ),
 )
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.

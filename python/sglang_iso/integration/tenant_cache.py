@@ -313,6 +313,10 @@ class TenantRadixCache(BasePrefixCache):
             self.tree.flush(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
         )
 
+    def flush_adapter(self, lora_id: str) -> int:
+        """Drop every unlocked entry computed with adapter load ``lora_id``; returns tokens released."""
+        return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.adapter_of(ns) == lora_id)
+
     # ------------------------------------------------------------------------------------------ private
 
     def _maybe_export(self, min_interval_s: float = 1.0) -> None:
@@ -363,7 +367,10 @@ class TenantRadixCache(BasePrefixCache):
 
     def _configure(self, ns: str) -> None:
         owner = self.resolver.tenant_of(ns)
-        self.tree.register_namespace(ns, tenant_id=owner or "open", scope=SHARED_SCOPE)
+        lora_id = self.resolver.adapter_of(ns)
+        # NOTE: a LoRA namespace gets its own KV scope, because operator-shared prefixes hold base-model KV.
+        scope = SHARED_SCOPE if lora_id is None else f"lora:{lora_id}"
+        self.tree.register_namespace(ns, tenant_id=owner or "open", scope=scope)
         settings = self.policies.get(owner) if owner is not None else None
         if settings is not None:
             self.tree.set_quota(ns, settings.quota_tokens)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 
-from sglang_iso.platform import cpu
+from sglang_iso.platform import cpu, lora_cpu
 
 
 def apply() -> None:
     """Apply the platform shims this process needs. Idempotent."""
     cpu.apply()
+    lora_cpu.apply()
 
 
 def cuda_available() -> bool:

@@ -4,7 +4,7 @@ The launcher accepts every SGLang server flag unchanged. It adds its own flags i
 an ``sglang-iso`` argument group, and fills in SGLang flags only where the user
 did not set them: ``--radix-cache-backend tenant`` always, and on a machine
 without CUDA the CPU settings that serve (``--device cpu``, ``--attention-backend
-torch_native``, ``--disable-cuda-graph``).
+torch_native``, ``--disable-cuda-graph``; with LoRA on, ``--lora-backend torch_native``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ CPU_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
     ("--disable-cuda-graph", None),
+)
+# Added on CPU only when LoRA is on (--enable-lora or --lora-paths).
+CPU_LORA_DEFAULTS: tuple[tuple[str, str | None], ...] = (
+    ("--lora-backend", "torch_native"),  # NOTE: the default csgmv backend needs a CUDA device name
 )
 
 
@@ -115,7 +119,8 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         )
 
     if ours.iso_cpu_defaults == "auto" and not cuda_available:
-        for flag, value in CPU_DEFAULTS:
+        lora_on = has_flag(sglang_argv, "--enable-lora") or has_flag(sglang_argv, "--lora-paths")
+        for flag, value in CPU_DEFAULTS + (CPU_LORA_DEFAULTS if lora_on else ()):
             if has_flag(sglang_argv, flag):
                 continue
             extra = [flag] if value is None else [flag, value]

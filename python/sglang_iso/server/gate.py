@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from sglang_iso import observability
-from sglang_iso.server import request_rules
+from sglang_iso.server import adapters, request_rules
 from sglang_iso.server.admission import RETRY_AFTER_S, Admission
 from sglang_iso.server.request_rules import Limits, Refusal
 from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
@@ -154,11 +154,12 @@ class TenantGate:
                 send, 403, "tenant_key_required", "Generation needs a tenant key, not an admin key.", "permission_error"
             )
             return
-        await self._tenant_request(scope, receive, send, principal.tenant_id, headers)
+        await self._tenant_request(scope, receive, send, principal, headers)
 
     async def _tenant_request(
-        self, scope: Scope, receive: Receive, send: Send, tenant: str, headers: dict[str, str]
+        self, scope: Scope, receive: Receive, send: Send, principal: Principal, headers: dict[str, str]
     ) -> None:
+        tenant = str(principal.tenant_id)
         for header, why in FORBIDDEN_HEADERS.items():
             if header in headers:
                 await self._error(
@@ -180,6 +181,15 @@ class TenantGate:
         checked = request_rules.check_body(body, tenant, self.limits)
         if isinstance(checked, Refusal):
             await self._error(send, checked.status, checked.code, checked.message, param=checked.field)
+            return
+        # NOTE: after the body rules, which bound the JSON's depth for this second parse.
+        adapter_refusal = adapters.check_body_bytes(principal.adapters, body)
+        if adapter_refusal is not None:
+            kind = "permission_error" if adapter_refusal.status == 403 else "invalid_request_error"
+            await self._error(
+                send, adapter_refusal.status, adapter_refusal.code,
+                f"{adapter_refusal.field}: {adapter_refusal.reason}.", kind, param=adapter_refusal.field,
+            )  # fmt: skip
             return
         if self.admission is not None and not self.admission.try_acquire(tenant):
             limit = self.admission.limit(tenant)

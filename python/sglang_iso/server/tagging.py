@@ -50,10 +50,14 @@ class NamespaceTagger:
         self._kv_dtype = kv_dtype
         self._page_size = page_size
 
-    def tag(self, tenant_id: str, *, cache_salt: str | None, adapter: str | None) -> str | None:
+    def tag(
+        self, tenant_id: str, *, cache_salt: str | None, adapter: str | None, adapter_version: str | None = None
+    ) -> str | None:
         """The ``extra_key`` for a request of ``tenant_id``; None for an unknown tenant (no sharing).
 
         Members of a cache group get the group's tag, so they share one namespace.
+        ``adapter`` and ``adapter_version`` (the content hash of its files) name the
+        request's LoRA adapter; None for the base model.
         """
         tenant = self.config.tenants.get(tenant_id)
         if tenant is None:
@@ -64,7 +68,7 @@ class NamespaceTagger:
             model_fingerprint=self._model,
             tokenizer_fingerprint=self._tokenizer,
             adapter_id=adapter,
-            adapter_version=None,
+            adapter_version=adapter_version if adapter is not None else None,
             kv_dtype=self._kv_dtype,
             page_size=self._page_size,
             cache_salt=cache_salt,

@@ -12,6 +12,7 @@ Format (TOML)::
     cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
     max_concurrent_requests = 8              # optional positive int: requests in flight (default: half the
                                              # server's --max-running-requests, else 32); beyond -> 429
+    adapters = ["acme-support"]              # optional: LoRA adapters it may use; default none (base model only)
 
     [[shared_prefixes]]                      # optional
     name = "support-bot-v1"
@@ -41,6 +42,7 @@ from sglang_iso.tenancy.errors import ConfigError
 from sglang_iso.tenancy.secret import SecretError, read_secret_env, read_secret_file
 
 __all__ = [
+    "ADAPTER_NAME_PATTERN",
     "ALL_TENANTS",
     "GROUP_NAME_PATTERN",
     "KEY_HASH_PATTERN",
@@ -71,6 +73,9 @@ ALL_TENANTS: AllTenants = "*"
 GROUP_NAME_PATTERN = TENANT_ID_PATTERN
 """Names after ``group:`` follow the tenant id rule."""
 
+ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+"""LoRA adapter names a tenant may be allowed: letters, digits, ``.``, ``_``, ``/``, ``-``; 1-128 chars."""
+
 SHARED_PREFIX_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Shared prefix names: letters, digits, ``.``, ``_``, ``-``; 1-128 chars."""
 
@@ -91,6 +96,8 @@ class Tenant:
     """Cache-sharing group: tenants with the same group read each other's entries; ``None`` = alone."""
     max_concurrent_requests: int | None = None
     """Cap on this tenant's requests in flight at the gate (positive); ``None`` = the server's default."""
+    adapters: frozenset[str] = frozenset()
+    """Names of the LoRA adapters the tenant may use (``adapters``); empty = base model only."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ class TenantsConfig:
 
 
 _TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
-_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache", "max_concurrent_requests")
+_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache", "max_concurrent_requests", "adapters")
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -203,9 +210,7 @@ def _tenant(
         v.fail(f"{field}.id", f"invalid tenant id {tenant_id!r}; must match {TENANT_ID_PATTERN.pattern}", section, "id")
     hashes = v.key_hashes(table, "key_sha256", f"{field}.key_sha256", section, owners, required=True)
     quota = v.optional_positive_int(table, "quota_tokens", f"{field}.quota_tokens", section)
-    concurrency = v.optional_positive_int(
-        table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section
-    )
+    concurrency = v.optional_positive_int(table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section)
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
@@ -221,7 +226,26 @@ def _tenant(
             section,
             "cache",
         )
-    return Tenant(tenant_id, frozenset(hashes), quota, policy, group, concurrency)
+    adapters = _adapters(v, table, f"{field}.adapters", section)
+    return Tenant(tenant_id, frozenset(hashes), quota, policy, group, concurrency, adapters)
+
+
+def _adapters(v: Validator, table: dict[str, object], field: str, section: tuple[str, int]) -> frozenset[str]:
+    if "adapters" not in table:
+        return frozenset()
+    names = v.string_list(table, "adapters", field, section)
+    for index, name in enumerate(names):
+        if not ADAPTER_NAME_PATTERN.fullmatch(name):
+            v.fail(
+                f"{field}[{index}]",
+                f"invalid adapter name {name!r}; must match {ADAPTER_NAME_PATTERN.pattern}",
+                section,
+                "adapters",
+                f'"{name}"',
+            )
+        if name in names[:index]:
+            v.fail(f"{field}[{index}]", f"adapter {name!r} listed twice", section, "adapters", f'"{name}"', 1)
+    return frozenset(names)
 
 
 def _shared_prefix(

@@ -36,20 +36,24 @@ class Principal:
     """``"tenant"``: a tenant's API key; ``"admin"``: an operator key (``admin_key_sha256``)."""
     tenant_id: str | None
     """The tenant for ``kind == "tenant"``; ``None`` for admins (an admin key is not any tenant's)."""
+    adapters: frozenset[str] = frozenset()
+    """LoRA adapters the tenant may use (its ``adapters`` list); always empty for admins."""
 
     def __post_init__(self) -> None:
         if self.kind == "tenant":
             if not is_valid_tenant_id(self.tenant_id):
                 raise ValueError(f"tenant_id: a tenant principal needs a valid tenant id, got {self.tenant_id!r}")
         elif self.kind == "admin":
+            if self.adapters:
+                raise ValueError("adapters: an admin principal has no adapter allow-list")
             if self.tenant_id is not None:
                 raise ValueError(f"tenant_id: an admin principal has no tenant id, got {self.tenant_id!r}")
         else:
             raise ValueError(f"kind: must be 'tenant' or 'admin', got {self.kind!r}")
 
     @classmethod
-    def for_tenant(cls, tenant_id: str) -> Principal:
-        return cls("tenant", tenant_id)
+    def for_tenant(cls, tenant_id: str, adapters: frozenset[str] = frozenset()) -> Principal:
+        return cls("tenant", tenant_id, adapters)
 
     @classmethod
     def for_admin(cls) -> Principal:
@@ -92,7 +96,9 @@ class KeyIndex:
         entries: dict[str, Principal] = {}
         pairs = [(digest, Principal.for_admin()) for digest in sorted(config.admin_key_hashes)]
         for tenant in config.tenants.values():
-            pairs.extend((digest, Principal.for_tenant(tenant.id)) for digest in sorted(tenant.key_hashes))
+            pairs.extend(
+                (digest, Principal.for_tenant(tenant.id, tenant.adapters)) for digest in sorted(tenant.key_hashes)
+            )
         for digest, principal in pairs:
             # NOTE: a real check, not an assert: an ambiguous key would be a privilege confusion.
             if digest in entries:

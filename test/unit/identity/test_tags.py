@@ -31,7 +31,10 @@ def test_untagged_is_internal_not_a_violation() -> None:
         "acme",
         f"iso1.acme.{NS_ID}.{'0' * 64}",  # forged MAC
         make_tag(secrets.token_bytes(32), "acme", NS_ID),  # another server's secret
-        make_tag(SECRET, "acme", NS_ID) + "lora-uuid",  # SGLang appends LoRA ids: no match, no sharing
+        make_tag(SECRET, "acme", NS_ID) + "lora-uuid",  # not a LoRA id SGLang would append
+        make_tag(SECRET, "acme", NS_ID) + "A" * 32,  # LoRA ids are lowercase hex
+        make_tag(SECRET, "acme", NS_ID) + "0" * 33,  # one char too long
+        make_tag(SECRET, "acme", NS_ID)[:-1] + "0" * 32,  # suffix cannot repair a broken MAC
         make_tag(SECRET, "acme", NS_ID).replace("acme", "globex"),  # tenant swapped, MAC no longer fits
     ],
 )
@@ -53,3 +56,22 @@ def test_open_mode_frames_fields_unambiguously() -> None:
 def test_short_secret_refused() -> None:
     with pytest.raises(ValueError, match="at least 32 bytes"):
         NamespaceResolver(b"short")
+
+
+def test_lora_suffix_verifies_and_narrows_the_namespace() -> None:
+    r = NamespaceResolver(SECRET)
+    tag = make_tag(SECRET, "acme", NS_ID)
+    base = r.resolve(tag, None)
+    one, two = r.resolve(tag + "a" * 32, None), r.resolve(tag + "b" * 32, None)
+    assert base is not None and one is not None and two is not None
+    assert len({base, one, two}) == 3  # each adapter load is its own namespace, never the base model's
+    assert r.resolve(tag + "a" * 32, None) == one  # same adapter load: shared
+    assert [r.tenant_of(ns) for ns in (base, one, two)] == ["acme"] * 3
+    assert (r.adapter_of(base), r.adapter_of(one)) == (None, "a" * 32)
+    assert r.rejected_tags == 0 and r.untagged == 0
+
+
+def test_bare_lora_id_is_untagged_not_a_violation() -> None:
+    r = NamespaceResolver(SECRET)
+    assert r.resolve("c" * 32, None) is None
+    assert (r.untagged, r.rejected_tags) == (1, 0)

@@ -110,3 +110,15 @@ def test_metrics_auth_defaults_to_admin() -> None:
     assert plan.metrics_auth == "admin"
     plan = plan_launch(["--model-path", "m", "--iso-metrics-auth", "open"], cuda_available=True, env={})
     assert plan.metrics_auth == "open" and "--iso-metrics-auth" not in plan.sglang_argv
+
+
+def test_cpu_picks_a_cpu_capable_lora_backend_only_with_lora_on() -> None:
+    for lora in (["--enable-lora"], ["--lora-paths", "a=/x"]):
+        argv = plan_launch(["--model-path", "m", *lora], cuda_available=False).sglang_argv
+        assert argv[argv.index("--lora-backend") + 1] == "torch_native"
+    assert "--lora-backend" not in plan_launch(["--model-path", "m"], cuda_available=False).sglang_argv
+    assert "--lora-backend" not in plan_launch(["--model-path", "m", "--enable-lora"], cuda_available=True).sglang_argv
+    argv = plan_launch(
+        ["--model-path", "m", "--enable-lora", "--lora-backend", "triton"], cuda_available=False
+    ).sglang_argv
+    assert argv.count("--lora-backend") == 1 and argv[argv.index("--lora-backend") + 1] == "triton"

@@ -145,3 +145,10 @@ def test_main_dispatches(
     assert capsys.readouterr().out.endswith(": OK\n")
     assert main([]) == 2
     assert main(["serve"]) == 2
+
+
+def test_check_config_catches_adapter_errors(capsys: pytest.CaptureFixture[str], write_tenants: WriteTenants) -> None:
+    body = f'\n[[tenants]]\nid = "acme"\nkey_sha256 = ["{ACME_HASH}"]\nadapters = ["ok", "not ok"]\n'
+    assert check_config_main([str(write_tenants(body))]) == 1
+    err = capsys.readouterr().err
+    assert ":7: tenants[0].adapters[1]: invalid adapter name 'not ok'" in err

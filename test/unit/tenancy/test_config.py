@@ -403,3 +403,35 @@ def test_non_utf8_tenants_file(tmp_path: Path) -> None:
     path = tmp_path / "t.toml"
     path.write_bytes(b'id = "\xff"\n')
     assert "not UTF-8" in str(load_error(path))
+
+
+# --- LoRA adapter allow-lists ------------------------------------------------------------------------------------
+
+
+def test_adapters_default_to_none_and_load(write_tenants: WriteTenants) -> None:
+    config = load_tenants_file(write_tenants(ONE_TENANT))
+    assert config.tenants["acme"].adapters == frozenset()
+    body = ONE_TENANT + 'adapters = ["acme-support", "org/acme.v2"]\n'
+    assert load_tenants_file(write_tenants(body)).tenants["acme"].adapters == frozenset({"acme-support", "org/acme.v2"})
+    assert load_tenants_file(write_tenants(ONE_TENANT + "adapters = []\n")).tenants["acme"].adapters == frozenset()
+
+
+ADAPTER_CASES = [
+    pytest.param('adapters = "acme"\n', "tenants[0].adapters", 7, "must be an array of strings", id="not-array"),
+    pytest.param("adapters = [1]\n", "tenants[0].adapters[0]", 7, "must be a string", id="not-string"),
+    pytest.param('adapters = ["a b"]\n', "tenants[0].adapters[0]", 7, "invalid adapter name", id="bad-name"),
+    pytest.param('adapters = ["x:y"]\n', "tenants[0].adapters[0]", 7, "invalid adapter name", id="colon"),
+    pytest.param('adapters = [""]\n', "tenants[0].adapters[0]", 7, "invalid adapter name", id="empty"),
+    pytest.param('adapters = [\n  "a",\n  "a",\n]\n', "tenants[0].adapters[1]", 9, "listed twice", id="duplicate"),
+    pytest.param('adapter = ["a"]\n', "tenants[0].adapter", 7, "unknown field", id="misspelt"),
+]
+
+
+@pytest.mark.parametrize(("line_text", "field", "line", "reason"), ADAPTER_CASES)
+def test_adapter_errors_name_field_and_line(
+    write_tenants: WriteTenants, line_text: str, field: str, line: int, reason: str
+) -> None:
+    path = write_tenants(ONE_TENANT + line_text)
+    error = load_error(path)
+    assert (error.field, error.line) == (field, line), str(error)
+    assert reason in error.reason, str(error)
