@@ -40,9 +40,9 @@ def install() -> None:
     from sglang_iso.integration import owner_check
 
     HookRegistry.register(
-        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+        "sglang.srt.model_executor.model_runner.ModelRunner.forward",
         owner_check.check_before_forward,
-        HookType.AROUND,
+        HookType.BEFORE,
     )
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.process_batch_result",

@@ -61,8 +61,9 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         "--kv-owner-check",
         choices=["on", "off"],
         default="on",
-        help="on: before every forward, check each KV page a request reads is its own (torch_native backend); "
-        "a foreign or free page reads as zeros and aborts the request (default). Other attention backends need off.",
+        help="on: before every forward, whatever the attention backend, check each KV page a request's row "
+        "points at is its own; a foreign or free page reads as zeros and aborts the request (default). "
+        "Refused with speculative decoding, --dllm-algorithm and --disaggregation-mode decode.",
     )
     group.add_argument(
         "--iso-audit-log",
@@ -113,6 +114,8 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
             extra = [flag] if value is None else [flag, value]
             sglang_argv += extra
             added += extra
+    if ours.kv_owner_check == "on":
+        _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:
         _refuse_bypasses(sglang_argv, env or {})
         if not has_flag(sglang_argv, "--skip-server-warmup"):
@@ -154,6 +157,22 @@ def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
     for name, why in _BYPASS_ENV.items():
         if env.get(name, "").lower() in ("1", "true", "yes"):
             raise ValueError(f"environment variable {name} cannot be set with --tenants-file: {why}")
+
+
+def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:
+    from types import SimpleNamespace
+
+    from sglang_iso.integration.owner_check import uncovered_features
+
+    found = uncovered_features(
+        SimpleNamespace(
+            speculative_algorithm=_flag_value(argv, "--speculative-algorithm"),
+            dllm_algorithm=_flag_value(argv, "--dllm-algorithm"),
+            disaggregation_mode=_flag_value(argv, "--disaggregation-mode"),
+        )
+    )
+    if found:
+        raise ValueError(f"--kv-owner-check on does not cover {'; '.join(found)}; drop it or pass --kv-owner-check off")
 
 
 def has_flag(argv: Sequence[str], flag: str) -> bool:
