@@ -4,7 +4,8 @@ The launcher accepts every SGLang server flag unchanged. It adds its own flags i
 an ``sglang-iso`` argument group, and fills in SGLang flags only where the user
 did not set them: ``--radix-cache-backend tenant`` always, and on a machine
 without CUDA the CPU settings that serve (``--device cpu``, ``--attention-backend
-torch_native``, ``--disable-cuda-graph``).
+torch_native``, ``--disable-cuda-graph``) and a KV pool sized for the model's
+context and the running requests (``server/cpu_pool.py``) unless the user sized it.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
             extra = [flag] if value is None else [flag, value]
             sglang_argv += extra
             added += extra
+        from sglang_iso.server.cpu_pool import cpu_pool_flags
+
+        pool = cpu_pool_flags(sglang_argv)  # NOTE: SGLang's memory-based CPU pool is tens of millions of slots
+        sglang_argv += pool
+        added += pool
     if ours.kv_owner_check == "on":
         _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:
