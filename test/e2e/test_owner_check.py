@@ -1,11 +1,14 @@
 """Forced corruption: a foreign KV index planted in a request's row is caught before attention.
 
-The server runs with the test-only plant switch: an admin command arms the next
+Run on two attention backends: ``torch_native`` and ``triton`` (on CPU under the
+Triton interpreter, so the check's Triton kernel runs in the server too). The
+server runs with the test-only plant switch: an admin command arms the next
 forward of one tenant to get a slot of another tenant's page written into its
 row. The request must be aborted with a clear error, the violation counter must
-rise, and the other tenant's KV must not be read (the slot is replaced by the
-zero page). Positive control in the same run: the same tenant's request with
-only its own pages is served normally, before and after.
+rise, and the planted slot must have been redirected to the all-zero page (the
+other tenant's KV is never read). Positive controls in the same run: the same
+tenant's repeated prompt hits the cache, the other tenant's misses, and a request
+with only its own pages is served normally, before and after.
 """
 
 from __future__ import annotations
@@ -22,15 +25,23 @@ from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
 
+# NOTE: ServerProcess drops TRITON_INTERPRET from the test env; the Triton backend on CPU needs it explicitly.
+BACKENDS = {
+    "torch_native": {},
+    "triton": {"TRITON_INTERPRET": "1"},
+}
 
-def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: str) -> None:
     keys = {name: new_api_key() for name in ("acme", "globex", "admin")}
     (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
     for name in ("acme", "globex"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
     (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
-    server = start_iso_server("--tenants-file", str(tmp_path / "t.toml"), env={"SGLANG_ISO_TEST_PLANT_FOREIGN": "1"})
+    env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **BACKENDS[backend]}
+    server = start_iso_server("--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend, env=env)
 
     def gen(tenant: str, text: str, n: int = 8) -> tuple[int, dict]:
         return server.post(
@@ -40,18 +51,27 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
             timeout_s=300,
         )
 
-    def status() -> dict:
+    def server_info() -> dict:
         code, info = request_json(
             server.base_url + "/get_server_info", None, headers={"Authorization": f"Bearer {keys['admin']}"}
         )
         assert code == 200
-        return info["internal_states"][0]["sglang_iso"]["tree_cache"]
+        return info
+
+    def status() -> dict:
+        return server_info()["internal_states"][0]["sglang_iso"]["tree_cache"]
 
     try:
         server.start()
+        assert server_info()["attention_backend"] == backend
         assert status()["kv_owner_check"] == "on"
-        code, _ = gen("globex", "globex private notes: " + "secret " * 80)  # globex now owns pages
-        assert code == 200
+        private = "globex private notes: " + "secret " * 80
+        code, first = gen("globex", private, n=2)  # globex now owns pages
+        assert code == 200 and first["meta_info"]["cached_tokens"] == 0
+        code, again = gen("globex", private, n=2)  # positive control: same tenant hits
+        assert code == 200 and again["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 1 > 0
+        code, other = gen("acme", private, n=2)  # isolation: the other tenant misses
+        assert code == 200 and other["meta_info"]["cached_tokens"] == 0
         code, out = gen("acme", "acme question one")  # positive control: own pages only
         assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
         assert status()["owner_violations"] == 0
@@ -67,7 +87,9 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
         assert aborted or 400 <= code < 500, (code, out)
         message = str(out)
         assert "isolation violation" in message
-        assert status()["owner_violations"] >= 1
+        after = status()
+        assert after["owner_violations"] >= 1
+        assert after["owner_planted_read_zero"] >= 1  # the planted slot pointed into the all-zero page
         assert "isolation-violation" in server.log_text()
 
         code, out = gen("acme", "acme question three")  # served normally afterwards

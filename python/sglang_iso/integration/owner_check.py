@@ -114,6 +114,7 @@ class OwnerTable:
         self.violating_rows: set[int] = set()
         self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV)
         self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
+        self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
@@ -319,12 +320,27 @@ class OwnerTable:
             row = req.kv.req_pool_idx
             if row is not None and int(row) in self.violating_rows:
                 for pos, original in self._planted.pop(int(row), []):
+                    self.planted_read_zero += self._reads_zero(int(req_to_token[int(row), pos]))
                     req_to_token[int(row), pos] = original  # test plant: give the row its own slot back
                 req.to_finish = FINISH_ABORT(
                     "sglang-iso: isolation violation: the request referenced KV it does not own; aborted",
                     err_type="IsolationViolation",
                 )
                 self.violating_rows.discard(int(row))
+
+    def status(self) -> dict[str, int]:
+        """Counters for /get_server_info (``planted_read_zero`` only moves in the test-plant mode)."""
+        return {"owner_violations": self.violations, "owner_planted_read_zero": self.planted_read_zero}
+
+    def _reads_zero(self, slot: int) -> bool:
+        """Test-only: ``slot`` lies in the zero page and that page is zero in every KV buffer."""
+        from sglang_iso.integration.scrub import kv_buffers
+
+        if slot // self.page_size != self.zero_page:
+            return False
+        lo, hi = self.zero_page * self.page_size, (self.zero_page + 1) * self.page_size
+        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache())
+        return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
 
     def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor) -> None:
         for row in rows:
