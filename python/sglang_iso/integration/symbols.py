@@ -147,6 +147,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AROUND hook: new weights -> new namespaces, old entries flushed",
     ),
     HookedSymbol(
+        "sglang.srt.managers.io_struct:GenerateReqInput",
+        ("routed_dp_rank",),
+        "BEFORE hook on generate_request sets it to the tenant's stable DP rank",
+    ),
+    HookedSymbol(
         "sglang.srt.model_executor.model_runner:ModelRunner.forward",
         ("self", "forward_batch"),
         "BEFORE hook: page-ownership check of every row of the batch, for every attention backend",

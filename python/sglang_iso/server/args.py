@@ -35,6 +35,7 @@ class LaunchPlan(NamedTuple):
     kv_scrub: str  # "on-free" or "off"
     audit_log: str | None  # absolute path
     kv_owner_check: str  # "on" or "off"
+    env_added: tuple[tuple[str, str], ...] = ()  # environment defaults for the server (name, value)
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +98,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     ours, rest = iso_parser().parse_known_args(list(argv))
     sglang_argv = list(rest)
     added: list[str] = []
+    env_added: list[tuple[str, str]] = []
 
     backend = _flag_value(sglang_argv, "--radix-cache-backend")
     if backend is None:
@@ -120,6 +122,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         pool = cpu_pool_flags(sglang_argv)  # NOTE: SGLang's memory-based CPU pool is tens of millions of slots
         sglang_argv += pool
         added += pool
+        env_added += _cpu_bind_default(sglang_argv, env or {})
     if ours.kv_owner_check == "on":
         _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:
@@ -136,6 +139,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         kv_scrub=ours.kv_scrub,
         audit_log=str(Path(ours.iso_audit_log).resolve()) if ours.iso_audit_log else None,
         kv_owner_check=ours.kv_owner_check,
+        env_added=tuple(env_added),
     )
 
 
@@ -163,6 +167,18 @@ def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
     for name, why in _BYPASS_ENV.items():
         if env.get(name, "").lower() in ("1", "true", "yes"):
             raise ValueError(f"environment variable {name} cannot be set with --tenants-file: {why}")
+
+
+def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[str, str]]:
+    """NOTE: SGLang on CPU needs a thread binding per rank once there is more than one rank."""
+    import os
+
+    from sglang_iso.server.dp import CPU_BIND_ENV, cpu_threads_bind, world_size
+
+    if env.get(CPU_BIND_ENV):
+        return []
+    bind = cpu_threads_bind(world_size(argv), os.sched_getaffinity(0))
+    return [] if bind is None else [(CPU_BIND_ENV, bind)]
 
 
 def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:
