@@ -113,24 +113,24 @@ def _sanitize_torch(
     req_of = torch.repeat_interleave(torch.arange(batch, device=device), lens, output_size=total_tokens)  # [N]
     first = torch.cumsum(lens, 0) - lens  # [B] flat offset of each request
     col = torch.arange(total_tokens, device=device) - first[req_of]  # [N] column in the row
-    row = req_pool_indices.long()[req_of]  # [N]
+    row = req_pool_indices[req_of].long()  # [N]
     slots = req_to_token[row, col].long()  # [N]
-    me = row_owner.long()[row]  # [N]
+    me = row_owner[row].long()  # [N] (index first: never convert a whole table)
     tracked = me >= 0
     num_pages = page_owner.numel()
     page = torch.div(slots, page_size, rounding_mode="floor")
     in_range = (slots >= 0) & (page < num_pages)
     page_c = torch.where(in_range, page, torch.zeros_like(page))  # [N] safe index
-    current = page_owner.long()[page_c]
+    current = page_owner[page_c].long()
     new = tracked & in_range & (col >= write_start.long()[req_of])
     adopt = new & ((current == -1) | (current == me))
     # NOTE: amax makes duplicate pages race-free: tokens that do not adopt contribute -2 (no change),
     # and two owners adopting one FREE page resolve to the larger slot, the other is then refused.
     proposal = torch.where(adopt, me, torch.full_like(me, -2)).to(page_owner.dtype)
     page_owner.scatter_reduce_(0, page_c, proposal, reduce="amax", include_self=True)
-    owner = torch.where(in_range, page_owner.long()[page_c], torch.full_like(page_c, -1))  # [N]
+    owner = torch.where(in_range, page_owner[page_c].long(), torch.full_like(page_c, -1))  # [N]
     me_c = torch.where(tracked, me, torch.zeros_like(me))
-    extra = allowed.long()[me_c]  # [N, K]
+    extra = allowed[me_c].long()  # [N, K]
     ok = (owner >= 0) & ((owner == me) | ((extra == owner[:, None]) & (extra >= 0)).any(dim=1))
     refused = tracked & ~ok
     offset = torch.where(slots >= 0, slots % page_size, torch.zeros_like(slots))
