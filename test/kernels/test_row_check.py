@@ -130,3 +130,46 @@ def test_empty_batch_and_bad_inputs(device: torch.device) -> None:
                       total_tokens=0)  # fmt: skip
     with pytest.raises(ValueError, match="zero_page"):
         sanitize_rows(rtt, empty, empty, empty, po, owners, _allowed(device), page_size=1, zero_page=9, total_tokens=0)
+
+
+@pytest.mark.gpu
+def test_triton_matches_torch_on_a_large_batch() -> None:
+    _large_batch_triton_vs_torch(torch.device("cuda"))
+
+
+def _large_batch_triton_vs_torch(device: torch.device) -> None:
+    gen = torch.Generator().manual_seed(7)
+    batch, page_size, num_pages, rows = 96, 16, 1 << 16, 128
+    lens = torch.randint(1, 3000, (batch,), generator=gen)
+    need = [-(-int(n) // page_size) for n in lens]
+    pages = torch.randperm(num_pages - 1, generator=gen)[: sum(need) + 1] + 1
+    foreign = int(pages[-1])  # owned by owner 2, read by others: refused, whatever the program order
+    req_to_token = torch.zeros(rows, 3072, dtype=torch.int32)
+    page_owner = torch.full((num_pages,), FREE, dtype=torch.int32)
+    page_owner[foreign] = 2
+    row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+    rows_used = torch.randperm(rows - 1, generator=gen)[:batch] + 1
+    start = 0
+    for b in range(batch):
+        own = pages[start : start + need[b]]
+        start += need[b]
+        me = b % 4
+        page_owner[own[:-1]] = me  # the last page is new in this step (FREE, adopted)
+        slots = (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[: int(lens[b])]
+        if b % 3 == 0:
+            slots[0] = foreign * page_size
+        req_to_token[rows_used[b], : int(lens[b])] = slots.to(torch.int32)
+        row_owner[rows_used[b]] = me
+    write_start = (lens - 1) // page_size * page_size  # the last page is written in this step
+    inputs = [t.to(device) for t in (req_to_token, rows_used, lens, write_start, page_owner, row_owner)]
+    outs = []
+    for use_triton in (False, True):
+        rtt, rws, sl, ws, po, ro = (t.clone() for t in inputs)
+        v = sanitize_rows(
+            rtt, rws, sl, ws, po, ro, _allowed(device), page_size=page_size, zero_page=ZERO_PAGE,
+            total_tokens=int(lens.sum()), use_triton=use_triton,
+        )  # fmt: skip
+        outs.append((rtt.cpu(), po.cpu(), v.cpu()))
+    (rtt_t, po_t, v_t), (rtt_k, po_k, v_k) = outs
+    assert int(v_t.sum()) > 0 and torch.equal(v_t, v_k)
+    assert torch.equal(rtt_t, rtt_k) and torch.equal(po_t, po_k)
