@@ -115,6 +115,10 @@ def forward_cell(
 
 def forward_bench(args: argparse.Namespace) -> list[dict[str, float]]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and args.cpu_threads > 0:
+        # NOTE: one thread, because on a shared CPU box intra-op threads get preempted in scheduler-tick steps
+        # that swamp sub-millisecond timings.
+        torch.set_num_threads(args.cpu_threads)
     pools = [int(p) for p in args.pools.split(",") if p]
     batches = [int(b) for b in args.batches.split(",") if b]
     cells = [(p, b) for p in pools for b in batches]
@@ -198,7 +202,6 @@ async def _repeat(one_request: Callable, url: str, key: str | None, prompt: str,
             await one_request(session, url, key, prompt, 4)
             if i:
                 latencies.append(time.perf_counter() - t0)
-            print(f"    repeated request {i + 1}/{count + 1}", end="\r", flush=True)
     return latencies
 
 
@@ -228,7 +231,12 @@ def plot(path: Path, forward: list[dict[str, float]], serving: dict[str, dict[st
     ax = axes[0][0]
     for batch in sorted({r["batch"] for r in forward}):
         rs = [r for r in forward if r["batch"] == batch]
-        ax.plot([r["pool"] for r in rs], [r["on_ms"] - r["off_ms"] for r in rs], "o-", label=f"check, B={int(batch)}")
+        ax.plot(
+            [r["pool"] for r in rs],
+            [max(r["on_ms"] - r["off_ms"], 1e-3) for r in rs],
+            "o-",
+            label=f"check, B={int(batch)}",
+        )
         legacy = [r for r in rs if "per_request_ms" in r]
         if legacy:
             ax.plot([r["pool"] for r in legacy], [r["per_request_ms"] for r in legacy], "x--",
@@ -254,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=1536, help="tokens per request")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--cpu-threads", type=int, default=1, help="torch threads for the per-forward part on CPU")
     p.add_argument("--legacy-max-batch", type=int, default=16, help="largest batch timed with the per-request check")
     p.add_argument("--skip-serving", action="store_true")
     p.add_argument("--serving-pool", type=int, default=8388608, help="--max-total-tokens of the serving runs")

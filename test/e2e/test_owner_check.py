@@ -1,7 +1,8 @@
 """Forced corruption: a foreign KV index planted in a request's row is caught before attention.
 
-Run on two attention backends: ``torch_native`` and ``triton`` (on CPU under the
-Triton interpreter, so the check's Triton kernel runs in the server too). The
+Run on the attention backends: ``torch_native`` and ``triton`` (on CPU under the
+Triton interpreter, so the check's Triton kernel runs in the server too), and
+``flashinfer`` with CUDA graphs on a GPU (marker ``gpu``). The
 server runs with the test-only plant switch: an admin command arms the next
 forward of one tenant to get a slot of another tenant's page written into its
 row. The request must be aborted with a clear error, the violation counter must
@@ -17,6 +18,7 @@ import secrets
 from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_iso.server.process import request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
@@ -26,13 +28,15 @@ from .conftest import start_iso_server
 pytestmark = pytest.mark.e2e
 
 # NOTE: ServerProcess drops TRITON_INTERPRET from the test env; the Triton backend on CPU needs it explicitly.
-BACKENDS = {
-    "torch_native": {},
-    "triton": {"TRITON_INTERPRET": "1"},
+_CPU_TRITON = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+BACKENDS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {  # backend -> (server env, extra flags)
+    "torch_native": ({}, ()),
+    "triton": (_CPU_TRITON, ()),
+    "flashinfer": ({}, ("--dtype", "bfloat16")),  # NOTE: FlashInfer has no float32 kernels (the model's dtype)
 }
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", ["torch_native", "triton", pytest.param("flashinfer", marks=pytest.mark.gpu)])
 def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: str) -> None:
     keys = {name: new_api_key() for name in ("acme", "globex", "admin")}
     (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
@@ -40,8 +44,11 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
     for name in ("acme", "globex"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
     (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
-    env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **BACKENDS[backend]}
-    server = start_iso_server("--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend, env=env)
+    backend_env, backend_flags = BACKENDS[backend]
+    env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **backend_env}
+    server = start_iso_server(
+        "--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend, *backend_flags, env=env
+    )
 
     def gen(tenant: str, text: str, n: int = 8) -> tuple[int, dict]:
         return server.post(
