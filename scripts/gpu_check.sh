@@ -97,7 +97,7 @@ else
 fi
 
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -m gpu)
-step kernels 120 "${PYTEST[@]}" --confcutdir=test/kernels test/kernels -rs
+step kernels 120 "${PYTEST[@]}" test/kernels -rs
 
 if [ "$SMOKE" = 1 ]; then
   SIZES=(--pools 65536,1048576 --batches 1,16 --context 256 --repeats 2)
@@ -108,13 +108,9 @@ else
 fi
 step bench-owner-check 120 "$PYTHON" benchmark/owner_check.py "${SIZES[@]}" --skip-serving \
   --plot "$RESULTS_DIR/owner_check_gpu.png" --json "$RESULTS_DIR/owner_check_gpu.json"
-if have_sglang || [ "$SMOKE" = 1 ]; then
-  step bench-scrub 60 "$PYTHON" benchmark/scrub.py --skip-serving "${SCRUB[@]}"
-else
-  skip bench-scrub "sglang is not importable (benchmark/scrub.py applies its shims)"
-fi
+step bench-scrub 60 "$PYTHON" benchmark/scrub.py --skip-serving "${SCRUB[@]}"
 
-if have_sglang; then
+if have_sglang || [ "$SMOKE" = 1 ]; then
   step server 200 "${PYTEST[@]}" test/e2e/test_owner_check.py -rs
   if [ "$SMOKE" = 1 ]; then
     skip serving "CPU smoke run (benchmark/owner_check.py runs its serving part on CPU by itself)"
