@@ -249,7 +249,8 @@ class OwnerTable:
         if rows.numel() == 0:
             return
         seq_lens = forward_batch.seq_lens
-        total = forward_batch.seq_lens_sum
+        # NOTE: on the host the sum is free; on a device, SGLang's host-side seq_lens_sum avoids a sync.
+        total = int(seq_lens.sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
         if total is None:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
