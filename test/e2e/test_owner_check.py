@@ -14,16 +14,19 @@ with only its own pages is served normally, before and after.
 
 from __future__ import annotations
 
+import json
 import secrets
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from sglang_iso.server.process import request_json
+from sglang_iso.models import tiny_model_path
+from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv, request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
-from .conftest import start_iso_server
+from .conftest import CPU_SIZES
 
 pytestmark = pytest.mark.e2e
 
@@ -46,9 +49,13 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
     (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
     backend_env, backend_flags = BACKENDS[backend]
     env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **backend_env}
-    server = start_iso_server(
-        "--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend, *backend_flags, env=env
-    )
+    model = _head_dim_64_model(tmp_path) if backend == "flashinfer" else tiny_model_path()
+    port = free_port()
+    argv = iso_server_argv(
+        port, model, *CPU_SIZES, "--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend,
+        *backend_flags,
+    )  # fmt: skip
+    server = ServerProcess(argv, port, env=env)
 
     def gen(tenant: str, text: str, n: int = 8) -> tuple[int, dict]:
         return server.post(
@@ -103,3 +110,18 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
         assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
     finally:
         server.stop()
+
+
+def _head_dim_64_model(tmp_path: Path) -> Path:
+    """The bundled model re-headed as 2 x 64 query and 1 x 64 KV heads: every weight keeps its shape.
+
+    NOTE: FlashInfer's kernels are built for head sizes of 64 and up; the bundled model's 32 is not among them.
+    """
+    model = tmp_path / "tiny-llama-hd64"
+    shutil.copytree(tiny_model_path(), model)
+    config = json.loads((model / "config.json").read_text())
+    assert config["num_attention_heads"] * config["head_dim"] == 2 * 64
+    assert config["num_key_value_heads"] * config["head_dim"] == 64
+    config.update(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
