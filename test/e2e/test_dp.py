@@ -70,7 +70,11 @@ def test_tenants_stay_on_their_rank_reuse_there_and_never_cross(server: ServerPr
     assert _cached(server, keys[b], prompt) == 0  # isolation: the other tenant (other rank) misses
     assert _cached(server, keys[b], prompt) > 20  # b's own entry on its own rank
 
-    status, out = server.get_with("/iso/tenants", {"Authorization": f"Bearer {keys['admin']}"})
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    status, info = server.get_with("/get_server_info", admin)
+    assert status == 200
+    assert sorted(s["sglang_iso"]["dp_rank"] for s in info["internal_states"]) == list(range(DP))
+    status, out = server.get_with("/iso/tenants", admin)
     assert status == 200, out
     for rank, tenant in TENANT_BY_RANK.items():
         rows = out["tenants"][tenant]["ranks"]

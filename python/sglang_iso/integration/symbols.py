@@ -147,6 +147,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AROUND hook: new weights -> new namespaces, old entries flushed",
     ),
     HookedSymbol(
+        "sglang.srt.runtime_context:get_parallel",
+        (),
+        "the scheduler's DP rank (``.dp_rank``), reported so /iso/tenants lists rows in rank order",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.io_struct:GenerateReqInput",
         ("routed_dp_rank",),
         "BEFORE hook on generate_request sets it to the tenant's stable DP rank",
