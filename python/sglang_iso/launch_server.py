@@ -50,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
                     "added": plan.added,
                     "tenants_file": plan.tenants_file,
                     "kv_scrub": plan.kv_scrub,
+                    "env_added": dict(plan.env_added),
                 }
             )
         )
         return 0
     os.environ[REQUIRE_ENV] = "1"
+    for name, value in plan.env_added:
+        os.environ[name] = value
+        logging.getLogger("sglang_iso").warning("sglang-iso: added environment default: %s=%s", name, value)
     from sglang_iso.integration.backend import SCRUB_ENV
 
     os.environ[SCRUB_ENV] = plan.kv_scrub

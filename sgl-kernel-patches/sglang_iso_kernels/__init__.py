@@ -3,6 +3,8 @@
 * :mod:`.scrub` -- zero freed KV pages in every layer's buffers (one Triton launch per row-size group).
 * :mod:`.kv_indices` -- build attention ``kv_indices`` while checking each page's owner; foreign or free
   pages are redirected to an always-zero page and counted per request.
+* :mod:`.row_check` -- sanitize a whole batch's ``req_to_token`` row windows in place before the forward
+  (adopt this step's pages, redirect foreign or free slots to the zero page), for every attention backend.
 
 Everything works on CPU: without CUDA the torch paths run, and under ``TRITON_INTERPRET=1`` the Triton
 kernels run in Triton's interpreter (slow; for tests).
@@ -17,6 +19,7 @@ from sglang_iso_kernels.kv_indices import (
     build_kv_indices_checked_torch,
     checked_gather_slots,
 )
+from sglang_iso_kernels.row_check import sanitize_rows
 from sglang_iso_kernels.scrub import scrub_pages, scrub_rows
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "build_kv_indices_checked",
     "build_kv_indices_checked_torch",
     "checked_gather_slots",
+    "sanitize_rows",
     "scrub_pages",
     "scrub_rows",
 ]

@@ -1,36 +1,61 @@
 """Forced corruption: a foreign KV index planted in a request's row is caught before attention.
 
-The server runs with the test-only plant switch: an admin command arms the next
+Run on the attention backends: ``torch_native`` and ``triton`` (on CPU under the
+Triton interpreter, so the check's Triton kernel runs in the server too), and
+``flashinfer`` with CUDA graphs on a GPU (marker ``gpu``). The
+server runs with the test-only plant switch: an admin command arms the next
 forward of one tenant to get a slot of another tenant's page written into its
 row. The request must be aborted with a clear error, the violation counter must
-rise, and the other tenant's KV must not be read (the slot is replaced by the
-zero page). Positive control in the same run: the same tenant's request with
-only its own pages is served normally, before and after.
+rise, and the planted slot must have been redirected to the all-zero page (the
+other tenant's KV is never read). Positive controls in the same run: the same
+tenant's repeated prompt hits the cache, the other tenant's misses, and a request
+with only its own pages is served normally, before and after.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
-from sglang_iso.server.process import request_json
+from sglang_iso.models import tiny_model_path
+from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv, request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
-from .conftest import start_iso_server
+from .conftest import CPU_SIZES
 
 pytestmark = pytest.mark.e2e
 
+# NOTE: ServerProcess drops TRITON_INTERPRET from the test env; the Triton backend on CPU needs it explicitly.
+_CPU_TRITON = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+BACKENDS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {  # backend -> (server env, extra flags)
+    "torch_native": ({}, ()),
+    "triton": (_CPU_TRITON, ()),
+    "flashinfer": ({}, ("--dtype", "bfloat16")),  # NOTE: FlashInfer has no float32 kernels (the model's dtype)
+}
 
-def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("backend", ["torch_native", "triton", pytest.param("flashinfer", marks=pytest.mark.gpu)])
+def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: str) -> None:
     keys = {name: new_api_key() for name in ("acme", "globex", "admin")}
     (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
     for name in ("acme", "globex"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
     (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
-    server = start_iso_server("--tenants-file", str(tmp_path / "t.toml"), env={"SGLANG_ISO_TEST_PLANT_FOREIGN": "1"})
+    backend_env, backend_flags = BACKENDS[backend]
+    env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **backend_env}
+    model = _head_dim_64_model(tmp_path) if backend == "flashinfer" else tiny_model_path()
+    port = free_port()
+    argv = iso_server_argv(
+        port, model, *CPU_SIZES, "--tenants-file", str(tmp_path / "t.toml"), "--attention-backend", backend,
+        *backend_flags,
+    )  # fmt: skip
+    server = ServerProcess(argv, port, env=env)
 
     def gen(tenant: str, text: str, n: int = 8) -> tuple[int, dict]:
         return server.post(
@@ -40,18 +65,27 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
             timeout_s=300,
         )
 
-    def status() -> dict:
+    def server_info() -> dict:
         code, info = request_json(
             server.base_url + "/get_server_info", None, headers={"Authorization": f"Bearer {keys['admin']}"}
         )
         assert code == 200
-        return info["internal_states"][0]["sglang_iso"]["tree_cache"]
+        return info
+
+    def status() -> dict:
+        return server_info()["internal_states"][0]["sglang_iso"]["tree_cache"]
 
     try:
         server.start()
+        assert server_info()["attention_backend"] == backend
         assert status()["kv_owner_check"] == "on"
-        code, _ = gen("globex", "globex private notes: " + "secret " * 80)  # globex now owns pages
-        assert code == 200
+        private = "globex private notes: " + "secret " * 80
+        code, first = gen("globex", private, n=2)  # globex now owns pages
+        assert code == 200 and first["meta_info"]["cached_tokens"] == 0
+        code, again = gen("globex", private, n=2)  # positive control: same tenant hits
+        assert code == 200 and again["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 1 > 0
+        code, other = gen("acme", private, n=2)  # isolation: the other tenant misses
+        assert code == 200 and other["meta_info"]["cached_tokens"] == 0
         code, out = gen("acme", "acme question one")  # positive control: own pages only
         assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
         assert status()["owner_violations"] == 0
@@ -67,10 +101,27 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path) -> None:
         assert aborted or 400 <= code < 500, (code, out)
         message = str(out)
         assert "isolation violation" in message
-        assert status()["owner_violations"] >= 1
+        after = status()
+        assert after["owner_violations"] >= 1
+        assert after["owner_planted_read_zero"] >= 1  # the planted slot pointed into the all-zero page
         assert "isolation-violation" in server.log_text()
 
         code, out = gen("acme", "acme question three")  # served normally afterwards
         assert code == 200 and out["meta_info"]["finish_reason"]["type"] == "length"
     finally:
         server.stop()
+
+
+def _head_dim_64_model(tmp_path: Path) -> Path:
+    """The bundled model re-headed as 2 x 64 query and 1 x 64 KV heads: every weight keeps its shape.
+
+    NOTE: FlashInfer's kernels are built for head sizes of 64 and up; the bundled model's 32 is not among them.
+    """
+    model = tmp_path / "tiny-llama-hd64"
+    shutil.copytree(tiny_model_path(), model)
+    config = json.loads((model / "config.json").read_text())
+    assert config["num_attention_heads"] * config["head_dim"] == 2 * 64
+    assert config["num_key_value_heads"] * config["head_dim"] == 64
+    config.update(num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+    (model / "config.json").write_text(json.dumps(config))
+    return model

@@ -9,7 +9,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration.frontend import tenants_config
-from sglang_iso.integration.owner_check import CHECKED_BACKENDS, owner_check_mode
+from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
 from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
 from sglang_iso.integration.tenant_cache import BACKEND_NAME, TenantPolicy, TenantRadixCache
 
@@ -79,12 +79,11 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
     if owner_check_mode() == "on" and not cache.disable:
-        backends = _attention_backends(ctx.server_args)
-        unchecked = [b for b in backends if b not in CHECKED_BACKENDS]
-        if unchecked:
+        uncovered = uncovered_features(ctx.server_args)
+        if uncovered:
             raise UnsupportedConfigError(
-                f"sglang-iso: --kv-owner-check on supports attention backends {list(CHECKED_BACKENDS)}, "
-                f"got {unchecked}; use one of them or pass --kv-owner-check off"
+                f"sglang-iso: --kv-owner-check on does not cover {'; '.join(uncovered)}; "
+                "drop the feature or pass --kv-owner-check off"
             )
         from sglang_iso.integration import owner_check
 
@@ -96,15 +95,6 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
-
-
-def _attention_backends(server_args: Any) -> list[str]:
-    names = {
-        getattr(server_args, "attention_backend", None),
-        getattr(server_args, "prefill_attention_backend", None),
-        getattr(server_args, "decode_attention_backend", None),
-    }
-    return sorted(str(n) for n in names if n)
 
 
 def _server_tokenizer(server_args: Any) -> Any:

@@ -154,6 +154,7 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
     async def iso_tenants() -> Any:
         config = holder.config
         states = await tokenizer_manager.get_internal_state()
+        states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))  # replies come unordered
         per_rank = [s.get("sglang_iso", {}).get("tenants", {}) for s in states]
         tenants: dict[str, Any] = {}
         for tenant in config.tenants.values():

@@ -46,9 +46,9 @@ def install() -> None:
     )
 
     HookRegistry.register(
-        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+        "sglang.srt.model_executor.model_runner.ModelRunner.forward",
         owner_check.check_before_forward,
-        HookType.AROUND,
+        HookType.BEFORE,
     )
     HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
@@ -93,10 +93,18 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         tree_cache = controller.scheduler.tree_cache
-        report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache)}
+        report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache), "dp_rank": _dp_rank()}
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
         state["sglang_iso"] = report
+
+
+def _dp_rank() -> int:
+    """This scheduler's data-parallel rank (0 without DP); replies from ranks arrive in any order."""
+    from sglang.srt.runtime_context import get_parallel
+
+    rank = get_parallel().dp_rank
+    return int(rank) if rank is not None else 0
 
 
 # set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1 ("*": all tenants),

@@ -2,29 +2,41 @@
 
 The tree decides what a request may reuse; this is the second line of defence
 for when the code around it is wrong (a stale or planted index in
-``req_to_token``). Tables, kept in the scheduler process:
+``req_to_token``). Tables, kept in the scheduler process on the pool's device:
 
-    page_owner[page]  int32  owner slot of each KV page; FREE (-1) after release
-    row_owner[row]    int32  owner slot of the request holding each req_to_token row
-    owner slots       one small int per tree namespace (and per declared shared prefix)
+    page_owner[page]   int32  owner slot of each KV page; FREE (-1) after release
+    row_owner[row]     int32  owner slot of the request holding each req_to_token row
+    allowed[slot, k]   int32  slots owner ``slot`` may read besides its own (the zero page's slot and
+                              the shared prefixes it is declared for), -1 padded
+    owner slots        one small int per tree namespace (and per declared shared prefix)
 
-Before every forward of the torch_native backend (``init_forward_metadata``),
-for each request: the pages it writes in this step (its new tokens) are adopted
-if FREE or already its own; every page in its row window must then be its own,
-a shared prefix it may read, or the zero page. Anything else is replaced by the
-dedicated zero page (reserved at start, zeroed, never written, never freed), the
-violation is counted and logged, and the request is aborted with a clear error
-before its result is processed. The check itself is ``checked_gather_slots``
-from ``sgl-kernel-patches``.
+Before every ``ModelRunner.forward``, whatever the attention backend: every
+backend (FlashInfer, Triton, FlashAttention, torch_native, eager or CUDA graph
+replay) reads a request's KV slots from its ``req_to_token`` row, so the rows
+are sanitized in place first, for the whole batch in one pass
+(``sanitize_rows`` from ``sgl-kernel-patches``: Triton on GPU, torch on CPU).
+The pages a request writes in this step are adopted if FREE or already its
+own; every other slot of its row window must be its own, a shared prefix it may
+read, or the zero page. Anything else is replaced by the dedicated zero page
+(reserved at start, zeroed, never written, never freed). The pass costs the
+batch's tokens, not the pool size, and does not sync with the host: per-request
+counts are copied back asynchronously and read when the batch's results are
+processed, where the violation is counted, logged, and the request aborted.
+
+Not covered (refused at start, see :func:`uncovered_features`): speculative
+decoding and diffusion LLM decoding plan attention metadata outside
+``ModelRunner.forward``; PD decode workers fill pages by transfer, which no
+forward adopts.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,22 +46,48 @@ FREE = -1
 UNTAGGED = 0  # requests without a verified namespace: they never share, so one slot for all is enough
 OWNER_CHECK_ENV = "SGLANG_ISO_KV_OWNER_CHECK"  # "on" (default) or "off"
 TEST_PLANT_ENV = "SGLANG_ISO_TEST_PLANT_FOREIGN"  # test-only: arms "sglang_iso.test_plant:<owner>" commands
-CHECKED_BACKENDS = ("torch_native",)
+_INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
+_MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
 ACTIVE: OwnerTable | None = None  # this scheduler process's table (set by the factory)
 
 
-def check_before_forward(original: Any, backend: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``TorchNativeAttnBackend.init_forward_metadata``: run the owner check once per forward."""
-    if ACTIVE is not None and getattr(forward_batch, "req_pool_indices", None) is not None:
+def uncovered_features(server_args: Any) -> list[str]:
+    """Server features the owner check does not cover; the server refuses to start with any of them."""
+    found = []
+    spec = getattr(server_args, "speculative_algorithm", None)
+    if spec:
+        found.append(f"--speculative-algorithm {spec} (draft workers plan attention outside the checked forward)")
+    dllm = getattr(server_args, "dllm_algorithm", None)
+    if dllm:
+        found.append(f"--dllm-algorithm {dllm} (plans attention outside the checked forward)")
+    if str(getattr(server_args, "disaggregation_mode", "null")) == "decode":
+        found.append("--disaggregation-mode decode (transferred KV pages have no owner)")
+    return found
+
+
+def check_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``ModelRunner.forward``: sanitize the batch's rows once per forward, for every backend."""
+    # NOTE: only batches over this cache's rows; a draft runner's compact table is not ours.
+    if (
+        ACTIVE is not None
+        and getattr(forward_batch, "req_pool_indices", None) is not None
+        and getattr(model_runner, "req_to_token_pool", None) is ACTIVE.cache.req_to_token_pool
+    ):
         ACTIVE.check_batch(forward_batch)
-    return original(backend, forward_batch, *args, **kwargs)
 
 
 def abort_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``Scheduler.process_batch_result``: requests that hit a violation finish as aborted."""
     if ACTIVE is not None and batch is not None:
         ACTIVE.abort_violators(batch)
+
+
+class _Pending(NamedTuple):
+    """One forward's check result on its way back to the host."""
+
+    counts: torch.Tensor  # [2, B] int32 host (pinned on CUDA): row ids, refused slots per request
+    done: Any  # torch.cuda.Event recorded after the copy, or None when already on the host
 
 
 class OwnerTable:
@@ -67,12 +105,18 @@ class OwnerTable:
         self._row_req: dict[int, weakref.ReferenceType[Any]] = {}
         self._slots: dict[str, int] = {}
         self._namespaces: dict[int, str] = {}  # slot -> namespace (reverse of _slots)
-        self._allowed: dict[int, torch.Tensor] = {}  # owner slot -> int32 slots it may read besides its own
+        self._allowed_rows: set[int] = set()  # owner slots whose ``allowed`` row is filled
+        self.allowed = torch.full((_INITIAL_SLOTS, 1), FREE, dtype=torch.int32, device=device)
+        # NOTE: outgrown tables stay alive because a forward still queued on the device may read them.
+        self._retired: list[torch.Tensor] = []
+        self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
         self.violating_rows: set[int] = set()
         self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV)
         self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
+        self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
+        self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
 
     def _reserve_zero_page(self) -> int:
@@ -127,11 +171,14 @@ class OwnerTable:
         @functools.wraps(original_alloc)
         def alloc_rows_for(reqs: list[Any]) -> Any:
             out = original_alloc(reqs)
-            if out is not None:
-                for req in reqs:
-                    row = int(req.kv.req_pool_idx)
-                    self.row_owner[row] = self.owner_of_req(req)
+            if out is not None and reqs:
+                rows = [int(req.kv.req_pool_idx) for req in reqs]
+                owners = [self.owner_of_req(req) for req in reqs]
+                for row, req in zip(rows, reqs, strict=True):
                     self._row_req[row] = weakref.ref(req)
+                self.row_owner[torch.tensor(rows, dtype=torch.int64)] = torch.tensor(owners, dtype=torch.int32).to(
+                    self.row_owner.device
+                )
             return out
 
         pool.alloc = alloc_rows_for
@@ -139,9 +186,11 @@ class OwnerTable:
 
         @functools.wraps(original_free_rows)
         def free_rows(indices: Any) -> None:
-            for i in indices:
-                self.row_owner[int(i)] = FREE
-                self._row_req.pop(int(i), None)
+            rows = [int(i) for i in indices]
+            for row in rows:
+                self._row_req.pop(row, None)
+            if rows:
+                self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
             original_free_rows(indices)
 
         pool.free_rows = free_rows
@@ -162,16 +211,28 @@ class OwnerTable:
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         ns = self.cache._namespace(RadixKey([], req.extra_key, cache_salt=req.cache_salt))
-        return self.slot_of(ns)
+        slot = self.slot_of(ns)
+        if slot not in self._allowed_rows:
+            self._fill_allowed(slot, ns)
+        return slot
 
-    def allowed_for(self, owner: int, device: torch.device) -> torch.Tensor:
-        """The zero page's slot and the shared-prefix slots ``owner`` may read (fixed by configuration)."""
-        allowed = self._allowed.get(owner)
-        if allowed is None:
-            ns = self._namespaces.get(owner)
-            shared = [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
-            allowed = self._allowed[owner] = torch.tensor([self.zero_owner, *shared], dtype=torch.int32, device=device)
-        return allowed
+    def _fill_allowed(self, slot: int, ns: str | None) -> None:
+        """Write ``allowed[slot]``: the zero page's slot and the shared prefixes ``ns`` may read (fixed by
+        configuration, so once per slot). Grows the table when needed (rare; scheduler thread)."""
+        shared = [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
+        row = [self.zero_owner, *shared]
+        rows, width = self.allowed.shape
+        if slot >= rows or len(row) > width:
+            grown = torch.full((max(rows, 2 * (slot + 1)), max(width, len(row))), FREE, dtype=torch.int32)
+            grown = grown.to(self.allowed.device)
+            grown[:rows, :width] = self.allowed
+            grown[rows:, 0] = self.zero_owner
+            self._retired.append(self.allowed)
+            self.allowed = grown
+        values = torch.full((self.allowed.shape[1],), FREE, dtype=torch.int32)
+        values[: len(row)] = torch.tensor(row, dtype=torch.int32)
+        self.allowed[slot] = values.to(self.allowed.device)
+        self._allowed_rows.add(slot)
 
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
@@ -180,50 +241,77 @@ class OwnerTable:
 
     # ------------------------------------------------------------------ the check
     def check_batch(self, forward_batch: Any) -> None:
-        """Adopt this step's new pages, then replace every foreign or free page of each row by the zero page."""
-        from sglang_iso_kernels import checked_gather_slots
+        """Adopt this step's new pages and redirect every foreign or free slot of the batch's rows to the
+        zero page: one pass over the batch's tokens, on the current (forward) stream, no host sync."""
+        from sglang_iso_kernels import sanitize_rows
 
+        rows = forward_batch.req_pool_indices
+        if rows.numel() == 0:
+            return
+        seq_lens = forward_batch.seq_lens
+        # NOTE: on the host the sum is free; on a device, SGLang's host-side seq_lens_sum avoids a sync.
+        total = int(seq_lens.sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
+        if total is None:
+            seq_lens_cpu = forward_batch.seq_lens_cpu
+            total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
+        write_start = _write_start(forward_batch, seq_lens)
         req_to_token = self.cache.req_to_token_pool.req_to_token
-        rows = forward_batch.req_pool_indices.tolist()
-        seq_lens = forward_batch.seq_lens.tolist()
-        if forward_batch.forward_mode.is_extend():
-            prefix_lens = list(forward_batch.extend_prefix_lens_cpu or [0] * len(rows))
-        else:
-            prefix_lens = [max(n - 1, 0) for n in seq_lens]
-        for row, seq_len, prefix_len in zip(rows, seq_lens, prefix_lens, strict=False):
-            owner = int(self.row_owner[row])
-            if owner == FREE:
+        if self.armed_plants:
+            self._plant_batch(rows.tolist(), req_to_token)  # test-only path, host reads allowed
+        counts = sanitize_rows(
+            req_to_token,
+            rows,
+            seq_lens,
+            write_start,
+            self.page_owner,
+            self.row_owner,
+            self.allowed,
+            page_size=self.page_size,
+            zero_page=self.zero_page,
+            total_tokens=int(total),
+        )
+        packed = torch.stack([rows.to(torch.int32), counts])  # [2, B]
+        if packed.device.type == "cpu":
+            self._pending.append(_Pending(packed, None))
+            self.drain()
+            return
+        host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.get_device_module(packed.device).Event()
+        done.record()
+        self._pending.append(_Pending(host, done))
+        if len(self._pending) > _MAX_PENDING:
+            self.drain(limit=len(self._pending) - _MAX_PENDING)
+
+    def drain(self, limit: int | None = None) -> None:
+        """Read back finished checks (waiting for them): count and log violations, mark rows to abort."""
+        n = len(self._pending) if limit is None else limit
+        for _ in range(n):
+            counts, done = self._pending.popleft()
+            if done is not None:
+                done.synchronize()
+            bad = counts[1] > 0
+            if not bool(bad.any()):
                 continue
-            if self.armed_plants and self._plant(row, owner, req_to_token):
-                pass
-            slots = req_to_token[row, :seq_len].to(torch.int64)
-            new_pages = slots[prefix_len:] // self.page_size
-            current = self.page_owner[new_pages]
-            adopt = (current == FREE) | (current == owner)
-            self.page_owner[new_pages[adopt]] = owner
-            checked = checked_gather_slots(
-                slots,
-                self.page_owner,
-                owner,
-                page_size=self.page_size,
-                zero_page=self.zero_page,
-                allowed_extra=self.allowed_for(owner, slots.device),
-            )
-            bad = int(checked.violations)
-            if bad:
-                req_to_token[row, :seq_len] = checked.slots.to(req_to_token.dtype)
-                self.violations += bad
+            for row, refused in counts[:, bad].t().tolist():
+                self.violations += refused
                 self.violating_rows.add(row)
                 logger.error(
                     "sglang-iso isolation-violation: %d foreign or free KV slots in row %d (owner slot %d); "
                     "replaced by the zero page, aborting the request",
-                    bad,
+                    refused,
                     row,
-                    owner,
+                    int(self.row_owner[row]),
                 )
 
     def abort_violators(self, batch: Any) -> None:
-        """Scheduler thread, before a batch's results are processed: abort requests that hit a violation."""
+        """Scheduler thread, before a batch's results are processed: abort requests that hit a violation.
+
+        NOTE: draining waits only for the checks already queued; the batch being processed finished its
+        forward, so at most the next batch's check (not its forward) is waited for.
+        """
+        if self._pending:
+            self.drain()
         if not self.violating_rows:
             return
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
@@ -233,12 +321,33 @@ class OwnerTable:
             row = req.kv.req_pool_idx
             if row is not None and int(row) in self.violating_rows:
                 for pos, original in self._planted.pop(int(row), []):
+                    self.planted_read_zero += self._reads_zero(int(req_to_token[int(row), pos]))
                     req_to_token[int(row), pos] = original  # test plant: give the row its own slot back
                 req.to_finish = FINISH_ABORT(
                     "sglang-iso: isolation violation: the request referenced KV it does not own; aborted",
                     err_type="IsolationViolation",
                 )
                 self.violating_rows.discard(int(row))
+
+    def status(self) -> dict[str, int]:
+        """Counters for /get_server_info (``planted_read_zero`` only moves in the test-plant mode)."""
+        return {"owner_violations": self.violations, "owner_planted_read_zero": self.planted_read_zero}
+
+    def _reads_zero(self, slot: int) -> bool:
+        """Test-only: ``slot`` lies in the zero page and that page is zero in every KV buffer."""
+        from sglang_iso.integration.scrub import kv_buffers
+
+        if slot // self.page_size != self.zero_page:
+            return False
+        lo, hi = self.zero_page * self.page_size, (self.zero_page + 1) * self.page_size
+        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache())
+        return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
+
+    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor) -> None:
+        for row in rows:
+            owner = int(self.row_owner[row])
+            if owner != FREE and self._plant(row, owner, req_to_token):
+                return
 
     def _plant(self, row: int, owner: int, req_to_token: torch.Tensor) -> bool:
         """Test-only: write one slot of a page another owner holds at position 0 of this row."""
@@ -254,6 +363,17 @@ class OwnerTable:
         req_to_token[row, 0] = int(foreign[0]) * self.page_size
         logger.warning("sglang-iso: TEST plant of a foreign slot into row %d", row)
         return True
+
+
+def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
+    """First column each request writes in this forward: its extend prefix, or the last token in decode."""
+    if forward_batch.forward_mode.is_extend():
+        prefix = getattr(forward_batch, "extend_prefix_lens", None)
+        if prefix is not None:
+            return prefix
+        cpu = forward_batch.extend_prefix_lens_cpu or [0] * seq_lens.numel()
+        return torch.tensor(cpu, dtype=torch.int32).to(seq_lens.device, non_blocking=True)
+    return (seq_lens - 1).clamp_(min=0)
 
 
 def owner_check_mode() -> str:

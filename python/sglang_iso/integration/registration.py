@@ -6,7 +6,7 @@ import logging
 
 from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
-from sglang_iso.integration import frontend, hooks
+from sglang_iso.integration import dp_routing, frontend, hooks
 from sglang_iso.integration.backend import BACKEND_NAME, build_tenant_cache
 
 logger = logging.getLogger(__name__)
@@ -19,4 +19,5 @@ def install() -> None:
     register_radix_cache_backend(BACKEND_NAME, build_tenant_cache)
     hooks.install()
     frontend.install()
+    dp_routing.install()
     logger.info("sglang-iso: registered radix cache backend %r", BACKEND_NAME)

@@ -147,9 +147,19 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AROUND hook: new weights -> new namespaces, old entries flushed",
     ),
     HookedSymbol(
-        "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend.init_forward_metadata",
+        "sglang.srt.runtime_context:get_parallel",
+        (),
+        "the scheduler's DP rank (``.dp_rank``), reported so /iso/tenants lists rows in rank order",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:GenerateReqInput",
+        ("routed_dp_rank",),
+        "BEFORE hook on generate_request sets it to the tenant's stable DP rank",
+    ),
+    HookedSymbol(
+        "sglang.srt.model_executor.model_runner:ModelRunner.forward",
         ("self", "forward_batch"),
-        "AROUND hook: page-ownership check of every row before the forward",
+        "BEFORE hook: page-ownership check of every row of the batch, for every attention backend",
     ),
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.process_batch_result",
@@ -158,7 +168,15 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
     ),
     HookedSymbol(
         "sglang.srt.model_executor.forward_batch_info:ForwardBatch",
-        ("req_pool_indices", "seq_lens", "extend_prefix_lens_cpu", "forward_mode"),
+        (
+            "req_pool_indices",
+            "seq_lens",
+            "seq_lens_sum",
+            "seq_lens_cpu",
+            "extend_prefix_lens",
+            "extend_prefix_lens_cpu",
+            "forward_mode",
+        ),
         "what the owner check reads",
     ),
     HookedSymbol(
@@ -268,7 +286,7 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.managers.scheduler.Scheduler.__init__",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
-    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward",
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
     "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
 )

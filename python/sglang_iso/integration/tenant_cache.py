@@ -256,7 +256,8 @@ class TenantRadixCache(BasePrefixCache):
             "untagged_lookups": self.resolver.untagged,
             "kv_scrub": "off" if self.scrubber is None else "on-free",
             "kv_owner_check": "off" if self.owners is None else "on",
-            "owner_violations": 0 if self.owners is None else self.owners.violations,
+            "owner_violations": 0,
+            **({} if self.owners is None else self.owners.status()),
             **({} if self.scrubber is None else self.scrubber.status()),
         }
 

@@ -4,7 +4,8 @@ The launcher accepts every SGLang server flag unchanged. It adds its own flags i
 an ``sglang-iso`` argument group, and fills in SGLang flags only where the user
 did not set them: ``--radix-cache-backend tenant`` always, and on a machine
 without CUDA the CPU settings that serve (``--device cpu``, ``--attention-backend
-torch_native``, ``--disable-cuda-graph``; with LoRA on, ``--lora-backend torch_native``).
+torch_native``, ``--disable-cuda-graph``; with LoRA on, ``--lora-backend torch_native``) and a KV pool
+sized for the model's context and the running requests (``server/cpu_pool.py``) unless the user sized it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class LaunchPlan(NamedTuple):
     kv_scrub: str  # "on-free" or "off"
     audit_log: str | None  # absolute path
     kv_owner_check: str  # "on" or "off"
-    metrics_auth: str  # "admin" (the /metrics endpoint needs the admin key) or "open"
+    metrics_auth: str = "admin"  # "admin" (the /metrics endpoint needs the admin key) or "open"
+    env_added: tuple[tuple[str, str], ...] = ()  # environment defaults for the server (name, value)
 
 
 def add_iso_args(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +68,9 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         "--kv-owner-check",
         choices=["on", "off"],
         default="on",
-        help="on: before every forward, check each KV page a request reads is its own (torch_native backend); "
-        "a foreign or free page reads as zeros and aborts the request (default). Other attention backends need off.",
+        help="on: before every forward, whatever the attention backend, check each KV page a request's row "
+        "points at is its own; a foreign or free page reads as zeros and aborts the request (default). "
+        "Refused with speculative decoding, --dllm-algorithm and --disaggregation-mode decode.",
     )
     group.add_argument(
         "--iso-audit-log",
@@ -107,6 +110,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     ours, rest = iso_parser().parse_known_args(list(argv))
     sglang_argv = list(rest)
     added: list[str] = []
+    env_added: list[tuple[str, str]] = []
 
     backend = _flag_value(sglang_argv, "--radix-cache-backend")
     if backend is None:
@@ -126,6 +130,14 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
             extra = [flag] if value is None else [flag, value]
             sglang_argv += extra
             added += extra
+        from sglang_iso.server.cpu_pool import cpu_pool_flags
+
+        pool = cpu_pool_flags(sglang_argv)  # NOTE: SGLang's memory-based CPU pool is tens of millions of slots
+        sglang_argv += pool
+        added += pool
+        env_added += _cpu_bind_default(sglang_argv, env or {})
+    if ours.kv_owner_check == "on":
+        _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:
         _refuse_bypasses(sglang_argv, env or {})
         if not has_flag(sglang_argv, "--skip-server-warmup"):
@@ -141,6 +153,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         audit_log=str(Path(ours.iso_audit_log).resolve()) if ours.iso_audit_log else None,
         kv_owner_check=ours.kv_owner_check,
         metrics_auth=ours.iso_metrics_auth,
+        env_added=tuple(env_added),
     )
 
 
@@ -169,6 +182,34 @@ def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
     for name, why in _BYPASS_ENV.items():
         if env.get(name, "").lower() in ("1", "true", "yes"):
             raise ValueError(f"environment variable {name} cannot be set with --tenants-file: {why}")
+
+
+def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[str, str]]:
+    """NOTE: SGLang on CPU needs a thread binding per rank once there is more than one rank."""
+    import os
+
+    from sglang_iso.server.dp import CPU_BIND_ENV, cpu_threads_bind, world_size
+
+    if env.get(CPU_BIND_ENV):
+        return []
+    bind = cpu_threads_bind(world_size(argv), os.sched_getaffinity(0))
+    return [] if bind is None else [(CPU_BIND_ENV, bind)]
+
+
+def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:
+    from types import SimpleNamespace
+
+    from sglang_iso.integration.owner_check import uncovered_features
+
+    found = uncovered_features(
+        SimpleNamespace(
+            speculative_algorithm=_flag_value(argv, "--speculative-algorithm"),
+            dllm_algorithm=_flag_value(argv, "--dllm-algorithm"),
+            disaggregation_mode=_flag_value(argv, "--disaggregation-mode"),
+        )
+    )
+    if found:
+        raise ValueError(f"--kv-owner-check on does not cover {'; '.join(found)}; drop it or pass --kv-owner-check off")
 
 
 def has_flag(argv: Sequence[str], flag: str) -> bool:

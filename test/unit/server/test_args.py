@@ -47,6 +47,32 @@ def test_other_backend_refused(flag: list[str]) -> None:
         plan_launch(["--model-path", "m", *flag], cuda_available=False)
 
 
+@pytest.mark.parametrize("backend", ["triton", "flashinfer", "fa3", "torch_native"])
+def test_owner_check_accepts_every_attention_backend(backend: str) -> None:
+    plan = plan_launch(["--model-path", "m", "--attention-backend", backend], cuda_available=True)
+    assert plan.kv_owner_check == "on" and backend in plan.sglang_argv
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
+        (["--dllm-algorithm=LowConfidence"], "--dllm-algorithm LowConfidence"),
+        (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
+    ],
+)
+def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        plan_launch(["--model-path", "m", *flags], cuda_available=True)
+    plan = plan_launch(["--model-path", "m", *flags, "--kv-owner-check", "off"], cuda_available=True)
+    assert plan.kv_owner_check == "off"  # positive control: allowed with the check off
+
+
+def test_owner_check_allows_prefill_disaggregation() -> None:
+    plan = plan_launch(["--model-path", "m", "--disaggregation-mode", "prefill"], cuda_available=True)
+    assert plan.kv_owner_check == "on"
+
+
 def test_every_sglang_flag_passes_through_unchanged() -> None:
     user = ["--model-path", "m", "--tp-size", "1", "--mem-fraction-static", "0.5", "--enable-metrics"]
     plan = plan_launch(user, cuda_available=True)

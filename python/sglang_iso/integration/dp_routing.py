@@ -1,0 +1,58 @@
+"""Tokenizer-manager hook: pin each tenant's requests to one stable DP rank (``--dp-size`` > 1).
+
+SGLang's DP controller sends a request with ``routed_dp_rank`` set to that rank
+under every load-balance method. Clients may not set the field (the gate refuses
+it); here it is overwritten with the rank of the request's namespace owner (the
+tenant, or its cache group), or cleared for a request without an authenticated
+tenant, which then goes wherever the load balancer puts it (it never shares).
+
+A rank that fails: a scheduler process that dies takes the whole server down
+(SGLang's launcher watches its children), so no request is silently sent to a
+half-dead rank and no rank ever serves another rank's tree. Routing never
+affects isolation; a tenant moved to another rank only loses its cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_iso.server.dp import tenant_rank
+
+logger = logging.getLogger(__name__)
+
+TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+
+_owners: dict[str, str] | None = None  # tenant id -> namespace owner (group or id), read once per process
+
+
+def install() -> None:
+    HookRegistry.register(TARGET, route_to_tenant_rank, HookType.BEFORE)
+
+
+def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``TokenizerManager.generate_request``: set ``obj.routed_dp_rank`` from the tenant."""
+    from sglang_iso.integration.frontend import TENANTS_FILE_ENV
+
+    dp_size = int(getattr(getattr(manager, "server_args", None), "dp_size", 1) or 1)
+    if dp_size <= 1 or os.environ.get(TENANTS_FILE_ENV) is None or not hasattr(obj, "routed_dp_rank"):
+        return
+    from sglang_iso.server.gate import STATE_TENANT
+
+    request = kwargs.get("request", request)
+    tenant = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
+    obj.routed_dp_rank = tenant_rank(_owner_of(tenant), dp_size) if isinstance(tenant, str) else None
+
+
+def _owner_of(tenant: str) -> str:
+    """NOTE: read once; a tenant added by a reload routes by its id (only affinity, never isolation, differs)."""
+    global _owners
+    if _owners is None:
+        from sglang_iso.integration.frontend import tenants_config
+
+        config = tenants_config()
+        _owners = {t.id: t.group or t.id for t in config.tenants.values()} if config is not None else {}
+    return _owners.get(tenant, tenant)

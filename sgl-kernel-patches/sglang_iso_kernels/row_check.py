@@ -1,0 +1,185 @@
+"""Sanitize the ``req_to_token`` row windows of a whole batch in place, before the forward reads them.
+
+Every attention backend (FlashInfer, Triton, FlashAttention, torch_native, CUDA graph replay) reads a
+request's slots from its ``req_to_token`` row, so fixing the rows before the forward covers them all.
+For request ``b`` with row ``r = req_pool_indices[b]``, owner ``me = row_owner[r]`` and window
+``req_to_token[r, 0 : seq_lens[b]]``::
+
+    columns >= write_start[b]   (the tokens this step writes): their pages are adopted,
+                                page_owner[page] = me, if the page is FREE (-1) or already me
+    every column, slot s:       page = s // page_size, owner = page_owner[page]
+                                ok   = owner >= 0 and (owner == me or owner in allowed[me, :])
+                                not ok -> req_to_token[r, col] = zero_page * page_size + s % page_size
+                                          and violations[b] += 1
+
+Rows whose owner is FREE (-1, not a request sglang-iso saw allocated) are left alone. Two owners that
+adopt the same FREE page in one step: the larger owner slot keeps it, the other is refused (deterministic).
+
+Cost is proportional to ``sum(seq_lens)``, independent of the pool size, with no host sync: the caller
+passes the total token count it already holds on the host (SGLang's ``seq_lens_sum``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_iso_kernels._backend import resolve_use_triton
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def sanitize_rows(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    write_start: torch.Tensor,
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    allowed: torch.Tensor,
+    *,
+    page_size: int,
+    zero_page: int,
+    total_tokens: int,
+    use_triton: bool | None = None,
+) -> torch.Tensor:
+    """Adopt this step's pages, then redirect every foreign or free slot of each row to the zero page.
+
+    Args:
+        req_to_token: ``[R, L]`` int32 row -> slot table. MUTATED: refused slots are replaced.
+        req_pool_indices: ``[B]`` int32/int64 row of each request.
+        seq_lens: ``[B]`` int32/int64 window length (tokens) of each request.
+        write_start: ``[B]`` int32/int64 first column this step writes (extend prefix length, or
+            ``seq_len - 1`` for decode).
+        page_owner: ``[P]`` int32 owner slot of each page, -1 = FREE. MUTATED: adopted pages.
+        row_owner: ``[R]`` int32 owner slot of each row, -1 = not tracked (skipped).
+        allowed: ``[S, K]`` int32 slots owner ``o`` may read besides its own in ``allowed[o]``, -1 padded;
+            every owner slot in ``row_owner`` must be ``< S``.
+        page_size: tokens per page, >= 1.
+        zero_page: page id in ``[0, P)`` that is always zero.
+        total_tokens: ``sum(seq_lens)`` as a host int (passed in so nothing syncs).
+        use_triton: True forces the Triton kernel, False torch, None Triton on CUDA or under
+            ``TRITON_INTERPRET=1``.
+
+    Returns:
+        ``[B]`` int32 refused slots per request (a device tensor; reading it is the caller's sync).
+
+    Raises:
+        ValueError: a tensor has the wrong rank, dtype, length or device, or a size is out of range.
+    """
+    batch = _validate(
+        req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, allowed,
+        page_size, zero_page, total_tokens,
+    )  # fmt: skip
+    violations = torch.zeros(batch, dtype=torch.int32, device=req_to_token.device)  # [B]
+    if batch == 0 or total_tokens == 0:
+        return violations
+    if resolve_use_triton(use_triton, req_to_token.device):
+        from sglang_iso_kernels._row_check_triton import sanitize_rows_triton
+
+        sanitize_rows_triton(
+            req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, allowed,
+            page_size, zero_page, violations,
+        )  # fmt: skip
+    else:
+        _sanitize_torch(
+            req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, allowed,
+            page_size, zero_page, total_tokens, violations,
+        )  # fmt: skip
+    return violations
+
+
+# ---------------------------------------------------------------------------------------------------------
+# private helpers
+
+
+def _sanitize_torch(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    write_start: torch.Tensor,
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    allowed: torch.Tensor,
+    page_size: int,
+    zero_page: int,
+    total_tokens: int,
+    violations: torch.Tensor,
+) -> None:
+    """Vectorized torch version (CPU, or CUDA without Triton). MUTATES every table it is documented to."""
+    device = req_to_token.device
+    batch = req_pool_indices.numel()
+    lens = seq_lens.long()  # [B]
+    # NOTE: output_size keeps repeat_interleave from reading the lengths back to the host.
+    req_of = torch.repeat_interleave(torch.arange(batch, device=device), lens, output_size=total_tokens)  # [N]
+    first = torch.cumsum(lens, 0) - lens  # [B] flat offset of each request
+    col = torch.arange(total_tokens, device=device) - first[req_of]  # [N] column in the row
+    row = req_pool_indices[req_of].long()  # [N]
+    slots = req_to_token[row, col].long()  # [N]
+    me = row_owner[row].long()  # [N] (index first: never convert a whole table)
+    tracked = me >= 0
+    num_pages = page_owner.numel()
+    page = torch.div(slots, page_size, rounding_mode="floor")
+    in_range = (slots >= 0) & (page < num_pages)
+    page_c = torch.where(in_range, page, torch.zeros_like(page))  # [N] safe index
+    current = page_owner[page_c].long()
+    new = tracked & in_range & (col >= write_start.long()[req_of])
+    adopt = new & ((current == -1) | (current == me))
+    # NOTE: amax makes duplicate pages race-free: tokens that do not adopt contribute -2 (no change),
+    # and two owners adopting one FREE page resolve to the larger slot, the other is then refused.
+    proposal = torch.where(adopt, me, torch.full_like(me, -2)).to(page_owner.dtype)
+    page_owner.scatter_reduce_(0, page_c, proposal, reduce="amax", include_self=True)
+    owner = torch.where(in_range, page_owner[page_c].long(), torch.full_like(page_c, -1))  # [N]
+    me_c = torch.where(tracked, me, torch.zeros_like(me))
+    extra = allowed[me_c].long()  # [N, K]
+    ok = (owner >= 0) & ((owner == me) | ((extra == owner[:, None]) & (extra >= 0)).any(dim=1))
+    refused = tracked & ~ok
+    offset = torch.where(slots >= 0, slots % page_size, torch.zeros_like(slots))
+    safe = torch.where(refused, zero_page * page_size + offset, slots)
+    # NOTE: accumulate a delta (0 for kept slots) instead of storing every slot back, so a slot the
+    # scheduler rewrites concurrently is never overwritten with a stale copy.
+    req_to_token.index_put_((row, col), (safe - slots).to(req_to_token.dtype), accumulate=True)
+    violations.index_add_(0, req_of, refused.to(violations.dtype))
+
+
+def _check(name: str, t: object, ndim: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dim() != ndim or t.dtype not in dtypes:
+        names = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} must be a {ndim}-D {names} tensor")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but req_to_token is on {device}")
+    return t
+
+
+def _validate(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    write_start: torch.Tensor,
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    allowed: torch.Tensor,
+    page_size: int,
+    zero_page: int,
+    total_tokens: int,
+) -> int:
+    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+        raise ValueError("req_to_token must be a 2-D int32 tensor [R, L]")
+    device = req_to_token.device
+    batch = _check("req_pool_indices", req_pool_indices, 1, _INDEX_DTYPES, device).numel()
+    for name, t in (("seq_lens", seq_lens), ("write_start", write_start)):
+        if _check(name, t, 1, _INDEX_DTYPES, device).numel() != batch:
+            raise ValueError(f"{name} must have {batch} elements (batch size), got {t.numel()}")
+    _check("page_owner", page_owner, 1, (torch.int32,), device)
+    _check("row_owner", row_owner, 1, (torch.int32,), device)
+    _check("allowed", allowed, 2, (torch.int32,), device)
+    if page_owner.numel() == 0 or allowed.shape[0] == 0 or allowed.shape[1] == 0:
+        raise ValueError("page_owner and allowed must not be empty")
+    if row_owner.numel() < req_to_token.shape[0]:
+        raise ValueError(f"row_owner must cover all {req_to_token.shape[0]} rows, got {row_owner.numel()}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+    if isinstance(zero_page, bool) or not isinstance(zero_page, int) or not 0 <= zero_page < page_owner.numel():
+        raise ValueError(f"zero_page must be an int in [0, {page_owner.numel()}), got {zero_page!r}")
+    if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 0:
+        raise ValueError(f"total_tokens must be an int >= 0, got {total_tokens!r}")
+    return batch

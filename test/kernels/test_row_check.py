@@ -1,0 +1,175 @@
+"""sanitize_rows (torch and Triton) against a plain-Python per-request reference.
+
+Pool: pages 0 (zero page, FREE), 1..12 owned round-robin by owners 0, 1, 2 and 3 (a shared namespace that
+owner 0 may read), 13..19 FREE. Each request's row holds its own pages, a few planted foreign, free or
+shared slots in its prefix, and new tokens on FREE pages it must adopt.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_iso_kernels.row_check import sanitize_rows
+from test.kernels.conftest import SEEDS
+
+NUM_PAGES, ZERO_PAGE, SHARED, FREE = 20, 0, 3, -1
+R, L = 8, 40
+
+
+def _allowed(device: torch.device) -> torch.Tensor:
+    allowed = torch.full((5, 2), FREE, dtype=torch.int32)
+    allowed[0, 0] = SHARED  # owner 0 may read the shared namespace
+    allowed[:, 1] = 4  # owner 4 stands for the zero page's slot: everyone may read it
+    return allowed.to(device)
+
+
+def _batch(seed: int, page_size: int, device: torch.device):  # type: ignore[no-untyped-def]
+    gen = torch.Generator().manual_seed(seed)
+    page_owner = [FREE] + [i % 4 for i in range(12)] + [FREE] * 7
+    rows = torch.randperm(R, generator=gen)[:4].tolist()
+    row_owner = [FREE] * R
+    req_to_token = torch.zeros(R, L, dtype=torch.int32)
+    seq_lens, write_start = [], []
+    free_pages = list(range(13, NUM_PAGES))
+    for i, row in enumerate(rows):
+        me = i % 3 if i < 3 else FREE  # the fourth row is untracked
+        row_owner[row] = me
+        own = [p for p, o in enumerate(page_owner) if o == max(me, 0)]
+        picks = torch.randint(0, len(own), (6,), generator=gen).tolist()
+        prefix = [own[k] * page_size + j % page_size for j, k in enumerate(picks)]
+        kind = (seed + i) % 3
+        other = [p for p, o in enumerate(page_owner) if o not in (FREE, max(me, 0))]
+        if kind == 0:
+            prefix[2] = other[0] * page_size  # a foreign page (or the shared one, allowed for owner 0)
+        elif kind == 1:
+            prefix[3] = free_pages[-1] * page_size + page_size - 1  # a FREE page nobody adopts this step
+        new_page = free_pages.pop(0)
+        new = [new_page * page_size + j % page_size for j in range(3)]
+        window = prefix + new
+        req_to_token[row, : len(window)] = torch.tensor(window, dtype=torch.int32)
+        seq_lens.append(len(window))
+        write_start.append(len(prefix))
+    tensors = (
+        req_to_token.to(device),
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        torch.tensor(write_start, dtype=torch.int32, device=device),
+        torch.tensor(page_owner, dtype=torch.int32, device=device),
+        torch.tensor(row_owner, dtype=torch.int32, device=device),
+    )
+    return tensors, sum(seq_lens)
+
+
+def _reference(req_to_token, rows, seq_lens, write_start, page_owner, row_owner, allowed, page_size):  # type: ignore[no-untyped-def]
+    rtt, po = req_to_token.tolist(), page_owner.tolist()
+    allowed_l, owners = allowed.tolist(), row_owner.tolist()
+    violations = []
+    for row, n, start in zip(rows.tolist(), seq_lens.tolist(), write_start.tolist(), strict=True):
+        me = owners[row]
+        if me < 0:
+            violations.append(0)
+            continue
+        for col in range(start, n):
+            page = rtt[row][col] // page_size
+            if po[page] in (FREE, me):
+                po[page] = me
+        bad = 0
+        for col in range(n):
+            slot = rtt[row][col]
+            owner = po[slot // page_size]
+            if not (owner >= 0 and (owner == me or owner in [a for a in allowed_l[me] if a >= 0])):
+                rtt[row][col] = ZERO_PAGE * page_size + slot % page_size
+                bad += 1
+        violations.append(bad)
+    return rtt, po, violations
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_sanitize_rows_matches_reference(seed: int, page_size: int, use_triton: bool, device: torch.device) -> None:
+    tensors, total = _batch(seed, page_size, device)
+    allowed = _allowed(device)
+    want_rtt, want_po, want_v = _reference(*tensors, allowed, page_size)
+    violations = sanitize_rows(
+        *tensors, allowed, page_size=page_size, zero_page=ZERO_PAGE, total_tokens=total, use_triton=use_triton
+    )
+    req_to_token, page_owner = tensors[0], tensors[4]
+    assert violations.tolist() == want_v
+    assert req_to_token.tolist() == want_rtt
+    assert page_owner.tolist() == want_po
+    assert sum(want_v) > 0  # the scenario really plants violations (the test can fail)
+    assert any(v == 0 for v in want_v[:3])  # and a clean tracked row stays clean (positive control)
+
+
+def test_two_owners_adopting_one_free_page_refuses_one(device: torch.device) -> None:
+    req_to_token = torch.zeros(4, 8, dtype=torch.int32, device=device)
+    req_to_token[0, 0] = req_to_token[1, 0] = 15  # the same FREE page for two owners
+    page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32, device=device)
+    row_owner = torch.tensor([1, 2, FREE, FREE], dtype=torch.int32, device=device)
+    one = torch.ones(2, dtype=torch.int32, device=device)
+    violations = sanitize_rows(
+        req_to_token, torch.tensor([0, 1], device=device), one, one * 0, page_owner, row_owner,
+        _allowed(device), page_size=1, zero_page=ZERO_PAGE, total_tokens=2, use_triton=False,
+    )  # fmt: skip
+    assert violations.tolist() == [1, 0] and int(page_owner[15]) == 2
+    assert req_to_token[0, 0].item() == ZERO_PAGE and req_to_token[1, 0].item() == 15
+
+
+def test_empty_batch_and_bad_inputs(device: torch.device) -> None:
+    rtt = torch.zeros(2, 4, dtype=torch.int32, device=device)
+    owners = torch.full((2,), FREE, dtype=torch.int32, device=device)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    po = torch.full((4,), FREE, dtype=torch.int32, device=device)
+    out = sanitize_rows(
+        rtt, empty, empty, empty, po, owners, _allowed(device), page_size=1, zero_page=0, total_tokens=0
+    )
+    assert out.numel() == 0
+    with pytest.raises(ValueError, match="seq_lens"):
+        sanitize_rows(rtt, empty, empty[:0].float(), empty, po, owners, _allowed(device), page_size=1, zero_page=0,
+                      total_tokens=0)  # fmt: skip
+    with pytest.raises(ValueError, match="zero_page"):
+        sanitize_rows(rtt, empty, empty, empty, po, owners, _allowed(device), page_size=1, zero_page=9, total_tokens=0)
+
+
+@pytest.mark.gpu
+def test_triton_matches_torch_on_a_large_batch() -> None:
+    _large_batch_triton_vs_torch(torch.device("cuda"))
+
+
+def _large_batch_triton_vs_torch(device: torch.device) -> None:
+    gen = torch.Generator().manual_seed(7)
+    batch, page_size, num_pages, rows = 96, 16, 1 << 16, 128
+    lens = torch.randint(1, 3000, (batch,), generator=gen)
+    need = [-(-int(n) // page_size) for n in lens]
+    pages = torch.randperm(num_pages - 1, generator=gen)[: sum(need) + 1] + 1
+    foreign = int(pages[-1])  # owned by owner 2, read by others: refused, whatever the program order
+    req_to_token = torch.zeros(rows, 3072, dtype=torch.int32)
+    page_owner = torch.full((num_pages,), FREE, dtype=torch.int32)
+    page_owner[foreign] = 2
+    row_owner = torch.full((rows,), FREE, dtype=torch.int32)
+    rows_used = torch.randperm(rows - 1, generator=gen)[:batch] + 1
+    start = 0
+    for b in range(batch):
+        own = pages[start : start + need[b]]
+        start += need[b]
+        me = b % 4
+        page_owner[own[:-1]] = me  # the last page is new in this step (FREE, adopted)
+        slots = (own[:, None] * page_size + torch.arange(page_size)).reshape(-1)[: int(lens[b])]
+        if b % 3 == 0:
+            slots[0] = foreign * page_size
+        req_to_token[rows_used[b], : int(lens[b])] = slots.to(torch.int32)
+        row_owner[rows_used[b]] = me
+    write_start = (lens - 1) // page_size * page_size  # the last page is written in this step
+    inputs = [t.to(device) for t in (req_to_token, rows_used, lens, write_start, page_owner, row_owner)]
+    outs = []
+    for use_triton in (False, True):
+        rtt, rws, sl, ws, po, ro = (t.clone() for t in inputs)
+        v = sanitize_rows(
+            rtt, rws, sl, ws, po, ro, _allowed(device), page_size=page_size, zero_page=ZERO_PAGE,
+            total_tokens=int(lens.sum()), use_triton=use_triton,
+        )  # fmt: skip
+        outs.append((rtt.cpu(), po.cpu(), v.cpu()))
+    (rtt_t, po_t, v_t), (rtt_k, po_k, v_k) = outs
+    assert int(v_t.sum()) > 0 and torch.equal(v_t, v_k)
+    assert torch.equal(rtt_t, rtt_k) and torch.equal(po_t, po_k)
