@@ -1,0 +1,107 @@
+"""OwnerTable on CPU without a server: the batched check, its read-back, aborts, and table growth.
+
+The cache is a small stand-in with the attributes the table reads (allocator, row table, namespaces); the
+check itself is the real ``sanitize_rows`` and the abort the real SGLang ``FINISH_ABORT``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sglang_iso.integration.owner_check import FREE, OwnerTable
+
+PAGES, ROWS, WIDTH = 32, 6, 16
+
+
+class _Alloc:
+    page_size = 1
+    size = PAGES
+
+    def __init__(self) -> None:
+        self.next = 1
+        self.kv = SimpleNamespace(k_buffer=[torch.ones(PAGES + 2, 2, 4)], v_buffer=[torch.ones(PAGES + 2, 2, 4)])
+
+    def alloc(self, n: int) -> torch.Tensor:
+        out = torch.arange(self.next, self.next + n)
+        self.next += n
+        return out
+
+    def get_kvcache(self) -> SimpleNamespace:
+        return self.kv
+
+
+def _table(shared_reader: str = "ns-a") -> tuple[OwnerTable, SimpleNamespace]:
+    cache = SimpleNamespace(
+        token_to_kv_pool_allocator=_Alloc(),
+        device=torch.device("cpu"),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(ROWS, WIDTH, dtype=torch.int32)),
+        readable_shared=lambda ns: ["prompt"] if ns == shared_reader else [],
+    )
+    return OwnerTable(cache), cache
+
+
+def _batch(rows: list[int], seq_lens: list[int], starts: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(seq_lens),
+        seq_lens_sum=sum(seq_lens),
+        seq_lens_cpu=torch.tensor(seq_lens),
+        extend_prefix_lens=torch.tensor(starts),
+        extend_prefix_lens_cpu=starts,
+        forward_mode=SimpleNamespace(is_extend=lambda: True),
+    )
+
+
+def _req(row: int) -> SimpleNamespace:
+    return SimpleNamespace(kv=SimpleNamespace(req_pool_idx=row), to_finish=None)
+
+
+def test_foreign_slot_is_redirected_counted_and_its_request_aborted() -> None:
+    table, cache = _table()
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :4] = torch.tensor([10, 11, 12, 13])  # a writes pages 10-13 (FREE: adopted)
+    rtt[2, :3] = torch.tensor([20, 21, 22])
+    table.check_batch(_batch([1, 2], [4, 3], [0, 0]))
+    assert table.violations == 0 and table.page_owner[10:14].tolist() == [a] * 4  # positive control
+    rtt[2, 3] = 11  # b's row now points at a's page (old position: not adopted)
+    table.check_batch(_batch([1, 2], [4, 4], [4, 4]))
+    assert table.violations == 1 and table.violating_rows == {2}
+    assert int(rtt[2, 3]) == table.zero_page * table.page_size  # reads the zero page now
+    assert int(rtt[1, 1]) == 11  # a's own row untouched
+    reqs = [_req(1), _req(2)]
+    table.abort_violators(SimpleNamespace(reqs=reqs))
+    assert reqs[0].to_finish is None
+    assert "isolation violation" in str(reqs[1].to_finish.message)
+    assert table.violating_rows == set()
+
+
+def test_shared_prefix_pages_readable_only_by_declared_readers() -> None:
+    table, cache = _table(shared_reader="ns-a")
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    table.mark_shared([5, 6], "prompt")
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :3] = torch.tensor([5, 6, 14])
+    rtt[2, :3] = torch.tensor([5, 6, 15])
+    table.check_batch(_batch([1, 2], [3, 3], [2, 2]))
+    assert table.violating_rows == {2} and table.violations == 2  # b may not read the shared pages
+    assert rtt[1, :3].tolist() == [5, 6, 14]
+
+
+def test_allowed_table_grows_past_its_initial_slots() -> None:
+    table, _ = _table(shared_reader="ns-1030")
+    rows_before = table.allowed.shape[0]
+    for i in range(rows_before + 10):
+        table._fill_allowed(table.slot_of(f"ns-{i}"), f"ns-{i}")
+    slot = table.slot_of("ns-1030")
+    assert table.allowed.shape[0] > slot and table._retired
+    assert table.allowed[slot].tolist()[:2] == [table.zero_owner, table.slot_of("shared:prompt")]
+    assert table.allowed[table.slot_of("ns-3")].tolist()[1:] == [FREE] * (table.allowed.shape[1] - 1)
