@@ -1,0 +1,221 @@
+"""Fairness under a flood: tenant B holds many long streams while tenant A sends short requests.
+
+Usage::
+
+    python benchmark/fairness.py [--requests 30] [--running 8] [--flood-factor 4] [--flood-tokens 512]
+
+One sglang-iso server per configuration, one at a time, with ``--max-running-requests RUNNING``:
+
+* ``defaults``: no per-tenant limit in the tenants file (the default is half the running slots);
+* ``no limits``: both tenants with a limit far above the flood (admission control effectively off; the
+  scheduler's per-tenant interleaving of the waiting queue still applies).
+
+For each, A's time to first token (streamed ``/generate``, 8 new tokens) is measured ``--requests`` times on an
+idle server, then again while B keeps ``flood-factor x running`` long streams open (``ignore_eos``, re-opened when
+they end or after a 429's ``Retry-After``). Prints a table (A's TTFT p50/p99 idle vs flood and their ratio, B's
+streams served and refused) and writes ``benchmark/fairness.png`` and ``benchmark/fairness.json``.
+Goal: with the defaults, A's p99 under flood <= 3x its idle p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+HERE = Path(__file__).resolve().parent
+CONFIGS = ("defaults", "no limits")
+
+
+def write_tenants(directory: Path, keys: dict[str, str], limit: int | None) -> Path:
+    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
+    lines = ['namespace_secret_file = "secret.key"', ""]
+    for tenant in ("alpha", "beta"):
+        lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]']
+        if limit is not None:
+            lines.append(f"max_concurrent_requests = {limit}")
+        lines.append("")
+    path = directory / "tenants.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def stream(port: int, key: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, float | None, str | None]:
+    """POST a streaming /generate; (status, seconds to the first token chunk, Retry-After)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    t0 = time.perf_counter()
+    try:
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        conn.request("POST", "/generate", json.dumps(body), headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            resp.read()
+            return resp.status, None, resp.getheader("retry-after")
+        ttft = None
+        for line in resp:
+            if ttft is None and line.startswith(b"data: {"):
+                ttft = time.perf_counter() - t0
+        return 200, ttft, None
+    finally:
+        conn.close()
+
+
+def short_body() -> dict[str, Any]:
+    text = f"{uuid.uuid4().hex} short question " + " ".join(f"w{i}" for i in range(24))
+    return {"text": text, "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+
+
+def long_body(tokens: int) -> dict[str, Any]:
+    text = f"{uuid.uuid4().hex} long story " + " ".join(f"s{i}" for i in range(48))
+    return {"text": text, "stream": True, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+
+
+def measure_a(port: int, key: str, n: int, label: str) -> list[float]:
+    out: list[float] = []
+    t0 = time.monotonic()
+    for i in range(n):
+        status, ttft, _ = stream(port, key, short_body())
+        if status == 200 and ttft is not None:
+            out.append(ttft)
+        if (i + 1) % 10 == 0 or i + 1 == n:
+            rate = (i + 1) / (time.monotonic() - t0)
+            print(f"  {label}: {i + 1}/{n} requests, {rate:.2f} req/s, ETA {(n - i - 1) / rate:.0f}s", flush=True)
+    return out
+
+
+class Flood:
+    """``streams`` threads of B, each re-opening a long stream until stopped."""
+
+    def __init__(self, port: int, key: str, streams: int, tokens: int) -> None:
+        self.stop = threading.Event()
+        self.served = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._run, args=(port, key, tokens), daemon=True) for _ in range(streams)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, port: int, key: str, tokens: int) -> None:
+        while not self.stop.is_set():
+            status, _, retry_after = stream(port, key, long_body(tokens))
+            with self._lock:
+                if status == 200:
+                    self.served += 1
+                else:
+                    self.refused += 1
+            if status == 429:
+                self.stop.wait(float(retry_after or 1))
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=600)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_config(config: str, args: argparse.Namespace) -> dict[str, Any]:
+    keys = {"alpha": new_api_key(), "beta": new_api_key()}
+    with tempfile.TemporaryDirectory(prefix="sglang-iso-fairness-") as tmp:
+        limit = None if config == "defaults" else 100_000
+        tenants = write_tenants(Path(tmp), keys, limit)
+        port = free_port()
+        argv = iso_server_argv(
+            port, tiny_model_path(), "--tenants-file", str(tenants), "--max-total-tokens", "65536",
+            "--max-running-requests", str(args.running),
+        )  # fmt: skip
+        with ServerProcess(argv, port).start(timeout_s=600):
+            print(f"[{config}] server up; warm-up", flush=True)
+            measure_a(port, keys["alpha"], 3, "warm-up")
+            idle = measure_a(port, keys["alpha"], args.requests, f"[{config}] A idle")
+            flood = Flood(port, keys["beta"], args.flood_factor * args.running, args.flood_tokens)
+            time.sleep(args.flood_ramp_s)
+            try:
+                loaded = measure_a(port, keys["alpha"], args.requests, f"[{config}] A under flood")
+            finally:
+                flood.close()
+    return {
+        "config": config,
+        "idle_p50_ms": 1000 * pct(idle, 0.5),
+        "idle_p99_ms": 1000 * pct(idle, 0.99),
+        "flood_p50_ms": 1000 * pct(loaded, 0.5),
+        "flood_p99_ms": 1000 * pct(loaded, 0.99),
+        "p99_ratio": pct(loaded, 0.99) / pct(idle, 0.99),
+        "a_served": len(loaded),
+        "b_streams_served": flood.served,
+        "b_refused": flood.refused,
+        "idle": idle,
+        "flood": loaded,
+        "load_1m": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=30, help="A's requests per phase")
+    parser.add_argument("--running", type=int, default=8, help="--max-running-requests of the server")
+    parser.add_argument("--flood-factor", type=int, default=4, help="B's streams = factor x running slots")
+    parser.add_argument("--flood-tokens", type=int, default=512, help="tokens per B stream")
+    parser.add_argument("--flood-ramp-s", type=float, default=5.0, help="seconds between flood start and A")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    parser.add_argument("--out", type=Path, default=HERE / "fairness", help="output path stem (.json, .png)")
+    args = parser.parse_args()
+    results = [run_config(c, args) for c in args.configs.split(",")]
+    header = (
+        f"{'config':<10} {'idle p50':>9} {'idle p99':>9} {'flood p50':>10} {'flood p99':>10} {'p99 x':>6} "
+        f"{'B served':>9} {'B 429':>6}"
+    )
+    print("\nA's TTFT (ms), B flooding with", args.flood_factor * args.running, "long streams")
+    print(header)
+    for r in results:
+        print(
+            f"{r['config']:<10} {r['idle_p50_ms']:>9.0f} {r['idle_p99_ms']:>9.0f} {r['flood_p50_ms']:>10.0f} "
+            f"{r['flood_p99_ms']:>10.0f} {r['p99_ratio']:>6.2f} {r['b_streams_served']:>9} {r['b_refused']:>6}"
+        )
+    report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    plot(results, args.out.with_suffix(".png"))
+    print(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    data, labels = [], []
+    for r in results:
+        data += [[1000 * v for v in r["idle"]], [1000 * v for v in r["flood"]]]
+        labels += [f"{r['config']}\nidle", f"{r['config']}\nflood"]
+    ax.boxplot(data, whis=(0, 99))
+    ax.set_xticks(range(1, len(labels) + 1), labels)
+    ax.set_ylabel("tenant A TTFT (ms)")
+    ax.set_yscale("log")
+    ax.set_title("Tenant A's short requests while tenant B floods (whiskers: p0-p99)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
