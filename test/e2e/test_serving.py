@@ -142,3 +142,16 @@ def test_freed_pages_are_scrubbed_in_the_server(iso_server: ServerProcess) -> No
     # Every finished request frees at least its last slot; each hand-out scrubs them first.
     assert tree["scrubbed_pages"] > 0 and tree["scrub_calls"] > 0
     assert tree["reset_rows"] > 0
+
+
+@pytest.mark.parametrize("input_ids", [[5, 1 << 20], [-1]], ids=["out-of-vocabulary", "negative"])
+def test_unrunnable_token_ids_are_aborted_alone_without_the_gate(
+    iso_server: ServerProcess, input_ids: list[int]
+) -> None:
+    # No tenants file here, so no gate: the scheduler's own guard must stop what would crash the forward.
+    status, out = iso_server.post("/generate", {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 2}})
+    assert status == 400 and "vocabulary" in json.dumps(out), out
+    assert iso_server.proc is not None and iso_server.proc.poll() is None
+    # Positive control: the same request with in-vocabulary ids is served by the same scheduler.
+    status, out = iso_server.post("/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}})
+    assert status == 200 and len(out["output_ids"]) == 2, out

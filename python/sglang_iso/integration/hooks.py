@@ -37,7 +37,13 @@ def install() -> None:
         handle_iso_commands,
         HookType.AROUND,
     )
-    from sglang_iso.integration import fairness, owner_check
+    from sglang_iso.integration import fairness, owner_check, request_guard
+
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
+        request_guard.guard_generate_request,
+        HookType.AROUND,
+    )
 
     HookRegistry.register(
         "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",

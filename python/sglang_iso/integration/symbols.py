@@ -230,6 +230,21 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "the waiting queue is interleaved by tenant after SGLang's own ordering",
     ),
     HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.handle_generate_request",
+        ("self", "recv_req"),
+        "a request with unrunnable token ids or an admission error is aborted alone",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.send_abort_output",
+        ("self", "abort_req", "req"),
+        "answers a request the guard refuses through SGLang's abort path",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:AbortReq",
+        ("rid", "abort_message", "finished_reason"),
+        "the abort the guard sends",
+    ),
+    HookedSymbol(
         "sglang.srt.plugins:load_plugins",
         (),
         "the launcher loads plugins exactly as SGLang's own entry points do",
@@ -289,4 +304,5 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.model_executor.model_runner.ModelRunner.forward",
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
     "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
+    "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
 )

@@ -1,0 +1,74 @@
+"""Second line of the request plane, in the scheduler: one bad request is aborted alone.
+
+The HTTP gate refuses the request values known to crash SGLang, but requests can
+reach the scheduler by paths that skip the gate (in-process ``Engine``, an
+``open``-mode server without a tenants file). AROUND
+``Scheduler.handle_generate_request``:
+
+* the request's token ids are checked (non-empty, inside the vocabulary) before
+  SGLang builds a ``Req``: an out-of-vocabulary id would otherwise raise inside
+  the model's embedding during a batched forward and stop the scheduler for
+  every tenant;
+* any exception raised while SGLang admits the request is caught.
+
+Either way the request is answered with an abort (HTTP 400 and the reason) through
+SGLang's own abort path, the event is logged, and the scheduler keeps serving.
+
+NOTE: errors raised later, inside a batched model forward or in the tokenizer
+manager's shared output loop, cannot be confined to one request: a forward runs
+the whole batch at once and the output loop serves every request. Those are
+prevented up front (the gate's rules, the check above).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
+    """Why ``input_ids`` cannot be run, or None. Never raises."""
+    if input_ids is None:
+        return None
+    try:
+        ids = list(input_ids)
+    except TypeError:
+        return "input_ids is not a sequence"
+    if not ids:
+        return "the prompt is empty"
+    if vocab_size is not None:
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+        if bad is not None:
+            return f"token id {bad!r} is outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+def guard_generate_request(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``Scheduler.handle_generate_request``: validate, and abort this request alone on error."""
+    vocab = getattr(getattr(scheduler, "model_config", None), "vocab_size", None)
+    problem = None
+    if getattr(recv_req, "input_embeds", None) is None:
+        problem = input_ids_problem(getattr(recv_req, "input_ids", None), vocab if isinstance(vocab, int) else None)
+    if problem is None:
+        try:
+            return original(scheduler, recv_req, *args, **kwargs)
+        except Exception as exc:  # NOTE: one request's admission error must not stop the scheduler
+            logger.exception("sglang-iso: request %s failed admission; aborted alone", getattr(recv_req, "rid", None))
+            problem = f"the request could not be admitted ({type(exc).__name__})"
+    _abort(scheduler, recv_req, problem)
+    return None
+
+
+def _abort(scheduler: Any, recv_req: Any, message: str) -> None:
+    from sglang.srt.managers.io_struct import AbortReq
+
+    rid = getattr(recv_req, "rid", None)
+    logger.warning("sglang-iso: request %s refused in the scheduler: %s", rid, message)
+    abort = AbortReq(
+        rid=rid,
+        abort_message=message,
+        finished_reason={"type": "abort", "status_code": 400, "message": message},
+    )
+    scheduler.send_abort_output(abort, recv_req)
