@@ -200,11 +200,16 @@ class TenantGate:
             )  # fmt: skip
             return
         scope.setdefault("state", {})[STATE_TENANT] = tenant
-        try:
+        if self.admission is None:
             await self.app(scope, _replay(checked, receive), send)
+            return
+        # NOTE: the slot is given back when the response's last byte is sent or the client goes away, not when
+        # SGLang's handler returns: after a disconnect SGLang may keep the handler waiting for seconds.
+        slot = _Slot(self.admission, tenant)
+        try:
+            await self.app(scope, slot.track_receive(_replay(checked, receive)), slot.track_send(send))
         finally:
-            if self.admission is not None:
-                self.admission.release(tenant)
+            slot.release()
 
     async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse a WebSocket handshake (403 to the client) and anything else that is not HTTP."""
@@ -239,6 +244,39 @@ class TenantGate:
             }
         )
         await send({"type": "http.response.body", "body": payload})
+
+
+class _Slot:
+    """One admitted request's slot, given back exactly once."""
+
+    def __init__(self, admission: Admission, tenant: str) -> None:
+        self.admission = admission
+        self.tenant = tenant
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.admission.release(self.tenant)
+
+    def track_send(self, send: Send) -> Send:
+        async def tracked(message: Message) -> None:
+            try:
+                await send(message)
+            finally:
+                if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                    self.release()
+
+        return tracked
+
+    def track_receive(self, receive: Receive) -> Receive:
+        async def tracked() -> Message:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                self.release()
+            return message
+
+        return tracked
 
 
 def _refused(reason: str, path: str, tenant: str | None = None) -> None:

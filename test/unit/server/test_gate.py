@@ -183,3 +183,26 @@ def test_tenant_over_its_limit_gets_429_with_retry_after(gate) -> None:  # type:
     # Positive control: with the slot back, the same request passes, and its own slot is released after.
     assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"])[0] == 200
     assert g.admission.in_flight == {}
+
+
+def test_slot_comes_back_with_the_last_byte_not_when_the_handler_returns(tmp_path: Path) -> None:
+    from sglang_iso.server.admission import Admission
+
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    (tmp_path / "t.toml").write_text(
+        f'namespace_secret_file = "s.key"\n[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
+    )
+    admission = Admission(lambda _t: None, default=1)
+    during: list[dict[str, int]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        during.append(dict(admission.in_flight))
+        await send({"type": "http.response.body", "body": b"ok"})
+        during.append(dict(admission.in_flight))  # SGLang may linger here after a client went away
+
+    g = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), admission=admission)
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"])[0] == 200
+    assert during == [{"acme": 1}, {}]
+    assert admission.in_flight == {}
