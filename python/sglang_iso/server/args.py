@@ -136,6 +136,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         sglang_argv += pool
         added += pool
         env_added += _cpu_bind_default(sglang_argv, env or {})
+    _refuse_uncovered(sglang_argv)
     if ours.kv_owner_check == "on":
         _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:
@@ -194,6 +195,16 @@ def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[st
         return []
     bind = cpu_threads_bind(world_size(argv), os.sched_getaffinity(0))
     return [] if bind is None else [(CPU_BIND_ENV, bind)]
+
+
+def _refuse_uncovered(argv: Sequence[str]) -> None:
+    """Features sglang-iso does not harden are refused by name, whatever the other flags."""
+    mode = _flag_value(argv, "--disaggregation-mode")
+    if mode not in (None, "null"):
+        raise ValueError(
+            f"--disaggregation-mode {mode} is not supported by sglang-iso: prefill/decode transfers would hand KV "
+            "pages between servers without quarantine or a tenant check. Serve without disaggregation."
+        )
 
 
 def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:

@@ -58,7 +58,6 @@ def test_owner_check_accepts_every_attention_backend(backend: str) -> None:
     [
         (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
         (["--dllm-algorithm=LowConfidence"], "--dllm-algorithm LowConfidence"),
-        (["--disaggregation-mode", "decode"], "--disaggregation-mode decode"),
     ],
 )
 def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str) -> None:
@@ -66,11 +65,6 @@ def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str
         plan_launch(["--model-path", "m", *flags], cuda_available=True)
     plan = plan_launch(["--model-path", "m", *flags, "--kv-owner-check", "off"], cuda_available=True)
     assert plan.kv_owner_check == "off"  # positive control: allowed with the check off
-
-
-def test_owner_check_allows_prefill_disaggregation() -> None:
-    plan = plan_launch(["--model-path", "m", "--disaggregation-mode", "prefill"], cuda_available=True)
-    assert plan.kv_owner_check == "on"
 
 
 def test_every_sglang_flag_passes_through_unchanged() -> None:
@@ -148,3 +142,13 @@ def test_cpu_picks_a_cpu_capable_lora_backend_only_with_lora_on() -> None:
         ["--model-path", "m", "--enable-lora", "--lora-backend", "triton"], cuda_available=False
     ).sglang_argv
     assert argv.count("--lora-backend") == 1 and argv[argv.index("--lora-backend") + 1] == "triton"
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_disaggregation_is_refused_by_name(mode: str) -> None:
+    for check in ("on", "off"):
+        with pytest.raises(ValueError, match=f"--disaggregation-mode {mode} is not supported"):
+            plan_launch(
+                ["--model-path", "m", "--disaggregation-mode", mode, "--kv-owner-check", check], cuda_available=True
+            )
+    assert plan_launch(["--model-path", "m", "--disaggregation-mode", "null"], cuda_available=True).sglang_argv
