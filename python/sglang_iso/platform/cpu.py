@@ -106,10 +106,13 @@ def _install_sgl_kernel_stub() -> None:
     except (ImportError, ValueError):
         pass
     stub = types.ModuleType(_STUB_MODULE_NAME)
-    stub.__doc__ = "sglang-iso stand-in: every function raises MissingKernelError."
+    stub.__doc__ = "sglang-iso stand-in: torch versions of the speculative ops; the rest raise MissingKernelError."
     stub.__dict__["__sglang_iso_stub__"] = True
     for name in SGL_KERNEL_CPU_NAMES:
         setattr(stub, name, _missing_kernel(f"sgl_kernel.{name}"))
+    from sglang_iso.platform import spec_cpu
+
+    spec_cpu.install(stub)  # torch versions of the speculative-decoding ops (EAGLE's tree builder excepted)
     sys.modules[_STUB_MODULE_NAME] = stub
 
 
