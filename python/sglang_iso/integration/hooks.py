@@ -55,6 +55,9 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
+    from sglang_iso.integration import spec_ngram
+
+    spec_ngram.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:

@@ -23,8 +23,10 @@ batch's tokens, not the pool size, and does not sync with the host: per-request
 counts are copied back asynchronously and read when the batch's results are
 processed, where the violation is counted, logged, and the request aborted.
 
-Not covered (refused at start, see :func:`uncovered_features`): speculative
-decoding and diffusion LLM decoding plan attention metadata outside
+NGRAM's verify pass (``TARGET_VERIFY``) is checked over the committed tokens
+and the drafts' window after them (the drafts' pages are adopted). Not covered
+(refused at start, see :func:`uncovered_features`): speculative decoding with a
+draft model and diffusion LLM decoding plan attention metadata outside
 ``ModelRunner.forward``; PD decode workers fill pages by transfer, which no
 forward adopts.
 """
@@ -55,9 +57,11 @@ ACTIVE: OwnerTable | None = None  # this scheduler process's table (set by the f
 def uncovered_features(server_args: Any) -> list[str]:
     """Server features the owner check does not cover; the server refuses to start with any of them."""
     found = []
-    spec = getattr(server_args, "speculative_algorithm", None)
+    from sglang_iso.server.speculative import uncovered_speculative
+
+    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
     if spec:
-        found.append(f"--speculative-algorithm {spec} (draft workers plan attention outside the checked forward)")
+        found.append(spec)
     dllm = getattr(server_args, "dllm_algorithm", None)
     if dllm:
         found.append(f"--dllm-algorithm {dllm} (plans attention outside the checked forward)")
@@ -255,6 +259,12 @@ class OwnerTable:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
         write_start = _write_start(forward_batch, seq_lens)
+        if forward_batch.forward_mode.is_target_verify():
+            # NOTE: the drafts sit in each row right after the committed tokens and are written by this
+            # forward: check [0, seq_len + drafts), adopting only the drafts' window.
+            drafts = int(forward_batch.spec_info.draft_token_num)
+            write_start, seq_lens = seq_lens, seq_lens + drafts
+            total = int(total) + drafts * int(rows.numel())
         req_to_token = self.cache.req_to_token_pool.req_to_token
         if self.armed_plants:
             self._plant_batch(rows.tolist(), req_to_token)  # test-only path, host reads allowed
