@@ -116,7 +116,8 @@ FLUSH_COMMAND = "sglang_iso.flush:"
 # "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
 FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
-# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot.
+# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot
+# ("verify:<tenant>": its next speculative verify forward).
 PLANT_COMMAND = "sglang_iso.test_plant:"
 
 
