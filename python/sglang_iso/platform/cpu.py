@@ -10,8 +10,9 @@ a CPU-only torch. This module fixes both without touching any installed file:
   kernel that raises a clear error, so the import succeeds and any real call
   still fails loudly.
 * ``sgl_kernel``: a stand-in module exposes exactly the names SGLang imports at
-  module level on CPU. None of them is called for the models we serve; each one
-  raises :class:`MissingKernelError` naming the op if it ever is.
+  module level on CPU. The speculative-decoding ops get torch versions
+  (:mod:`sglang_iso.platform.spec_cpu`); every other one raises
+  :class:`MissingKernelError` naming the op if it is ever called.
   ``torch.ops.sgl_kernel`` stays empty, so ``cpu_has_amx_support()`` is False
   and layers use their ``forward_native`` paths.
 
@@ -87,7 +88,7 @@ def _missing_kernel(op_name: str) -> types.FunctionType:
     def kernel(*_args: object, **_kwargs: object) -> NoReturn:
         raise MissingKernelError(
             f"{op_name} has no CPU build in this installation; sglang-iso supports "
-            "CPU serving of dense decoder models without speculative decoding."
+            "CPU serving of dense decoder models (speculative decoding: NGRAM only)."
         )
 
     kernel.__name__ = op_name.rsplit(".", 1)[-1]
