@@ -96,3 +96,11 @@ def test_bind_batch_binds_around_the_call() -> None:
     seen = bind_batch(lambda w, b: list(w.ngram_corpus._bound), worker, batch)
     assert [rid for rid, _ in seen] == ["a0"] and corpus._bound is None
     assert np.all(np.array([ns is not None for _, ns in seen]))
+
+
+def test_namespace_follows_the_key_not_the_request_id() -> None:
+    corpus = _corpus()
+    _put(corpus, _req("same-rid", "acme"), TEXT)
+    (b,) = _drafts(corpus, [_req("same-rid", "beta")], TEXT[:3])  # a reused id under another tenant's key
+    (a,) = _drafts(corpus, [_req("same-rid", "acme")], TEXT[:3])
+    assert _hits(b) == 0 and _hits(a) >= 2

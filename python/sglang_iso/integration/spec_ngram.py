@@ -37,6 +37,7 @@ MAX_NAMESPACES_ENV = "SGLANG_ISO_NGRAM_MAX_NAMESPACES"  # corpora kept before th
 DEFAULT_NS_CAPACITY = 100_000
 DEFAULT_MAX_NAMESPACES = 32
 _EMPTY_CAPACITY = 64
+_MAX_RESOLVED = 4096
 
 WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 HOOK_TARGETS: tuple[str, ...] = (
@@ -134,7 +135,9 @@ class NamespacedNgramCorpus:
         self._max = max(1, max_namespaces)
         self._corpora: collections.OrderedDict[str, Any] = collections.OrderedDict()  # LRU order
         self._empty = self._new_corpus(_EMPTY_CAPACITY)  # never inserted into
-        self._rid_ns: dict[str, str | None] = {}  # request id -> namespace, until the request departs
+        # (extra_key, cache_salt) -> namespace: the resolution is a pure function of the key, so it is cached
+        # by the key itself (never by request id) and bounded.
+        self._resolved: dict[tuple[str | None, str | None], str | None] = {}
         self._bound: list[tuple[str, str | None]] | None = None  # (rid, namespace) of the batch being served
         self.dropped = 0  # namespace corpora dropped to stay under max_namespaces
 
@@ -185,13 +188,11 @@ class NamespacedNgramCorpus:
     def erase_match_state(self, req_ids: list[str]) -> None:
         for corpus in (self._empty, *self._corpora.values()):
             corpus.erase_match_state(list(req_ids))
-        for rid in req_ids:
-            self._rid_ns.pop(rid, None)
 
     def reset(self) -> None:
         self._corpora.clear()
         self._empty.reset()
-        self._rid_ns.clear()
+        self._resolved.clear()
 
     @property
     def remaining_token_budget(self) -> int:
@@ -213,9 +214,12 @@ class NamespacedNgramCorpus:
 
     # ----------------------------------------------------------- internals
     def _namespace_of(self, req: Any) -> str | None:
-        if req.rid not in self._rid_ns:
-            self._rid_ns[req.rid] = self.resolver.resolve(req.extra_key, getattr(req, "cache_salt", None))
-        return self._rid_ns[req.rid]
+        key = (req.extra_key, getattr(req, "cache_salt", None))
+        if key not in self._resolved:
+            if len(self._resolved) >= _MAX_RESOLVED:
+                self._resolved.clear()
+            self._resolved[key] = self.resolver.resolve(*key)
+        return self._resolved[key]
 
     @staticmethod
     def _groups(bound: list[tuple[str, str | None]]) -> dict[str | None, list[int]]:
