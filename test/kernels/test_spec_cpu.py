@@ -188,3 +188,37 @@ def test_copy_all_layer_kv_cache(seed: int) -> None:
     for ours, theirs, orig in zip(*results, base, strict=True):
         assert torch.equal(ours, theirs)
         assert torch.equal(ours[tgt], orig[src])
+
+
+def _eagle_tree_inputs(gen: torch.Generator, bs: int, topk: int, depth: int, n: int) -> tuple[torch.Tensor, ...]:
+    """Random but well-formed EAGLE selections: step 0's top-k, then per step top-k children of a chosen
+    parent; ``selected_index`` picks ``n - 1`` of the ``topk + (depth - 1) * topk * topk`` candidates."""
+    cands = topk + (depth - 1) * topk * topk
+    parent_list = torch.zeros(bs, topk * (depth - 1) + 1, dtype=torch.int64)
+    selected = torch.zeros(bs, n - 1, dtype=torch.int64)
+    for b in range(bs):
+        parent_list[b, 1:] = torch.sort(torch.randperm(cands, generator=gen)[: topk * (depth - 1)]).values
+        selected[b] = torch.sort(torch.randperm(cands, generator=gen)[: n - 1]).values
+    seq_lens = torch.randint(1, 12, (bs,), generator=gen, dtype=torch.int64)
+    return parent_list, selected, seq_lens
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", [0, 1])
+def test_build_tree_kernel_efficient(seed: int, mode: int) -> None:
+    from sglang.kernels.ops.speculative.spec_tree import sgl_build_tree_kernel_triton
+
+    gen = _gen(seed)
+    bs, topk, depth, n = 2, 2, 3, 6
+    parent_list, selected, seq_lens = _eagle_tree_inputs(gen, bs, topk, depth, n)
+    mask_len = (int(seq_lens.sum()) * n + n * n * bs) if mode == 0 else n * n * bs
+    results = []
+    for fn in (spec_cpu.build_tree_kernel_efficient_cpu, sgl_build_tree_kernel_triton):
+        mask = torch.ones(mask_len, dtype=torch.bool)
+        positions = torch.full((bs * n,), -9, dtype=torch.int64)
+        retrieve = [torch.full((bs, n), -1, dtype=torch.int64) for _ in range(3)]
+        fn(parent_list, selected, seq_lens, mask, positions, *retrieve, topk, depth, n, mode)
+        results.append((mask, positions, *retrieve))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b), (a, b)
+    assert int(results[0][3].max()) > 0  # the tree has links (the comparison is not of two empty trees)

@@ -9,9 +9,9 @@ under ``TRITON_INTERPRET=1``). They are slow loops over the batch, which is fine
 for the small batches a CPU server runs.
 
 :func:`install` replaces the raising stand-ins of :mod:`sglang_iso.platform.cpu`
-with these and adds the ``sgl_kernel.speculative`` submodule. EAGLE's tree
-builder (``build_tree_kernel_efficient_cpu``) is not provided: it keeps raising
-:class:`~sglang_iso.platform.cpu.MissingKernelError`.
+with these and adds the ``sgl_kernel.speculative`` submodule. The EAGLE-style
+ones (draft cache locations, tree builder) make those workers run on CPU; the
+tenant cache still refuses algorithms with a draft model (``server/speculative.py``).
 """
 
 from __future__ import annotations
@@ -194,7 +194,81 @@ def reconstruct_indices_from_tree_mask(
     retrieve_next_sibling[:batch_size] = torch.where((parent >= 0) & (sibling < n), sibling, -1)
 
 
+def build_tree_kernel_efficient_cpu(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """EAGLE draft tree from the top-k parents of each step: per request, the tree mask rows (mode 0: full
+    ``[n, seq_len + n]`` rows; mode 1: ``[n, n]``), depth-based positions and the first-child / next-sibling
+    links. ``retrieve_next_token`` / ``retrieve_next_sibling`` must come in filled with -1.
+
+    Raises:
+        NotImplementedError: the bit-packed mask mode (2), which SGLang's CPU path does not use.
+    """
+    mode = int(tree_mask_mode)
+    if mode not in (0, 1):
+        raise NotImplementedError(f"tree_mask_mode {mode} (bit-packed) has no CPU stand-in")
+    n = draft_token_num
+    seq_lens = verified_seq_len.tolist()
+    parents = parent_list.reshape(len(seq_lens), -1).tolist()
+    selected = selected_index.reshape(len(seq_lens), -1).tolist()
+    nxt, sib = retrieve_next_token.view(-1), retrieve_next_sibling.view(-1)
+    mask, pos = tree_mask.view(-1), positions.view(-1)
+    prefix = 0
+    for b, seq_len in enumerate(seq_lens):
+        sel, par = selected[b], parents[b]
+
+        def position_of(token: int, sel: list[int] = sel) -> int | None:
+            return next((p for p in range(n - 1) if sel[p] == token), None)
+
+        pos[b * n] = seq_len
+        for i in range(n - 1, 0, -1):
+            retrieve_index.view(-1)[b * n + i] = b * n + i
+            parent_tb = sel[i - 1] // topk
+            found = None if parent_tb == 0 else position_of(par[parent_tb])
+            if parent_tb != 0 and found is None:
+                continue  # parent not among the selected tokens: no link
+            head = b * n + (0 if found is None else found + 1)  # the root, or the parent's node
+            old = int(nxt[head])
+            nxt[head] = i
+            if old != -1:
+                sib[b * n + i] = old
+        retrieve_index.view(-1)[b * n] = b * n
+        # first mask cell of node x's row, past its own diagonal cell: full rows span the prompt too
+        full_base = n * n * b + prefix * n + seq_len + 1
+        for x in range(n):
+            row = full_base + (seq_len + n) * x if mode == 0 else n * n * b + n * x + 1
+            mask[row - 1] = True
+            mask[row : row + n - 1] = False
+            if x == 0:
+                continue
+            cur, steps = x - 1, 0
+            for _ in range(depth):
+                steps += 1
+                mask[row + cur] = True
+                parent_tb = sel[cur] // topk
+                if parent_tb == 0:
+                    break
+                found = position_of(par[parent_tb])
+                if found is None:
+                    break
+                cur = found
+            pos[b * n + x] = steps + seq_len
+        prefix += seq_len
+
+
 STANDINS: dict[str, Callable[..., None]] = {
+    "build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
     "assign_draft_cache_locs_contiguous_cpu": assign_draft_cache_locs_contiguous_cpu,
     "assign_extend_cache_locs_cpu": assign_extend_cache_locs_cpu,
     "assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
