@@ -104,3 +104,14 @@ def test_namespace_follows_the_key_not_the_request_id() -> None:
     (b,) = _drafts(corpus, [_req("same-rid", "beta")], TEXT[:3])  # a reused id under another tenant's key
     (a,) = _drafts(corpus, [_req("same-rid", "acme")], TEXT[:3])
     assert _hits(b) == 0 and _hits(a) >= 2
+
+
+def test_tenant_flush_forgets_its_text_only() -> None:
+    from sglang_iso.integration.spec_ngram import flush_tenant
+
+    corpus = _corpus()
+    _put(corpus, _req("a0", "acme"), TEXT)
+    _put(corpus, _req("b0", "beta"), TEXT)
+    assert flush_tenant("acme") >= 1
+    a, b = _drafts(corpus, [_req("a1", "acme"), _req("b1", "beta")], TEXT[:3])
+    assert _hits(a) == 0 and _hits(b) >= 2  # beta's own text still drafts (control)

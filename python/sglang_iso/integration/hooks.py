@@ -161,5 +161,8 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
+        from sglang_iso.integration.spec_ngram import flush_tenant
+
+        flush_tenant(key[len(FLUSH_COMMAND) :])  # and its NGRAM draft text, if any
         logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)
     return SetInternalStateReqOutput(updated=ok)

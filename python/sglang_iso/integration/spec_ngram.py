@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ DEFAULT_NS_CAPACITY = 100_000
 DEFAULT_MAX_NAMESPACES = 32
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
+_INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
 
 WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 HOOK_TARGETS: tuple[str, ...] = (
@@ -116,6 +118,11 @@ def bind_batch(original: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any
         corpus.unbind()
 
 
+def flush_tenant(tenant: str) -> int:
+    """Drop the NGRAM corpora of ``tenant``'s namespaces (``"*"``: all) in this process; returns how many."""
+    return sum(corpus.drop_tenant(tenant) for corpus in list(_INSTANCES))
+
+
 def _resolver() -> Any:
     from sglang_iso.identity.tags import NamespaceResolver
     from sglang_iso.integration.frontend import tenants_config
@@ -140,6 +147,7 @@ class NamespacedNgramCorpus:
         self._resolved: dict[tuple[str | None, str | None], str | None] = {}
         self._bound: list[tuple[str, str | None]] | None = None  # (rid, namespace) of the batch being served
         self.dropped = 0  # namespace corpora dropped to stay under max_namespaces
+        _INSTANCES.add(self)
 
     # ----------------------------------------------------------- binding
     def bind(self, reqs: list[Any]) -> None:
@@ -150,6 +158,13 @@ class NamespacedNgramCorpus:
 
     def namespaces(self) -> list[str]:
         return list(self._corpora)
+
+    def drop_tenant(self, tenant: str) -> int:
+        """Forget the text of ``tenant``'s namespaces (``"*"``: every namespace), e.g. on a tenant flush."""
+        doomed = [ns for ns in self._corpora if tenant == "*" or self.resolver.tenant_of(ns) == tenant]
+        for ns in doomed:
+            del self._corpora[ns]
+        return len(doomed)
 
     # ----------------------------------------------------------- NgramCorpus API
     def batch_get(self, req_ids: list[str], batch_tokens: list[list[int]], total_lens: list[int]) -> Any:
