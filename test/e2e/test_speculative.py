@@ -134,4 +134,5 @@ def test_accept_stats_only_for_admins(server: ServerProcess, keys: dict[str, str
     assert status == 403
     status, info = server.get_with("/get_server_info", auth(keys["admin"]))  # positive control
     assert status == 200
-    assert all("sglang_iso" in s for s in info["internal_states"])
+    ngram = info["internal_states"][0]["sglang_iso"]["ngram"]
+    assert ngram["corpus"] == "namespace" and ngram["namespace_corpora"] >= 2  # acme's and globex's, at least

@@ -99,6 +99,11 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache), "dp_rank": _dp_rank()}
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
+        from sglang_iso.integration import spec_ngram
+
+        ngram = spec_ngram.status()
+        if ngram is not None:
+            report["ngram"] = ngram
         state["sglang_iso"] = report
 
 

@@ -118,6 +118,19 @@ def bind_batch(original: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any
         corpus.unbind()
 
 
+def status() -> dict[str, Any] | None:
+    """For /get_server_info (admin only): the corpus mode and how many namespace corpora exist; None
+    without NGRAM in this process. Counts only, never which tenants."""
+    corpora = list(_INSTANCES)
+    if not corpora:
+        return None
+    return {
+        "corpus": "namespace",
+        "namespace_corpora": sum(len(c.namespaces()) for c in corpora),
+        "dropped_corpora": sum(c.dropped for c in corpora),
+    }
+
+
 def flush_tenant(tenant: str) -> int:
     """Drop the NGRAM corpora of ``tenant``'s namespaces (``"*"``: all) in this process; returns how many."""
     return sum(corpus.drop_tenant(tenant) for corpus in list(_INSTANCES))
