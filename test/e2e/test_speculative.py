@@ -5,7 +5,7 @@ per namespace, so:
 
 * positive control: acme repeating its own prompt drafts from its own earlier output (longer accepts);
 * isolation: globex sending acme's prompt accepts exactly what acme accepted the first time (a fresh
-  corpus), never what acme's repeat got;
+  corpus), never what acme's repeat got; initech (cache policy "off") never drafts from its own past text;
 * forced corruption on the verify pass: a foreign slot planted into a row during a verify forward is
   redirected to the zero page and the request aborted;
 * lossless: every speculative output equals the greedy output built one token per request
@@ -94,8 +94,13 @@ def test_accept_length_follows_own_namespace_only_and_output_is_lossless(
     assert accept["other"] == accept["first"], accept  # globex drafts from an empty corpus, as acme first did
     assert accept["other"] < accept["repeat"], accept
 
+    off_first = _generate(server, keys["initech"], prompt)  # initech's cache policy is "off"
+    off_again = _generate(server, keys["initech"], prompt)
+    assert off_again["meta_info"]["spec_accept_length"] == off_first["meta_info"]["spec_accept_length"]
+    assert off_again["meta_info"]["spec_accept_length"] < accept["repeat"]  # its text was kept nowhere
+
     reference = _greedy_one_by_one(server, keys["initech"], prompt)
-    for r in (first, repeat, other):
+    for r in (first, repeat, other, off_first, off_again):
         assert r["output_ids"] == reference
 
 

@@ -18,10 +18,12 @@ SECRET = b"s" * 32
 TEXT = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 
 
-def _corpus(max_namespaces: int = 8) -> NamespacedNgramCorpus:
+def _corpus(max_namespaces: int = 8, off: frozenset[str] = frozenset()) -> NamespacedNgramCorpus:
     kwargs = {"min_bfs_breadth": 1, "max_bfs_breadth": 2, "match_type": "BFS", "max_trie_depth": 8,
               "draft_token_num": N}  # fmt: skip
-    return NamespacedNgramCorpus(NamespaceResolver(SECRET), kwargs, capacity=4096, max_namespaces=max_namespaces)
+    return NamespacedNgramCorpus(
+        NamespaceResolver(SECRET), kwargs, capacity=4096, max_namespaces=max_namespaces, no_retention=off
+    )
 
 
 def _req(rid: str, tenant: str | None) -> SimpleNamespace:
@@ -115,3 +117,12 @@ def test_tenant_flush_forgets_its_text_only() -> None:
     assert flush_tenant("acme") >= 1
     a, b = _drafts(corpus, [_req("a1", "acme"), _req("b1", "beta")], TEXT[:3])
     assert _hits(a) == 0 and _hits(b) >= 2  # beta's own text still drafts (control)
+
+
+def test_cache_off_tenant_text_is_kept_nowhere() -> None:
+    corpus = _corpus(off=frozenset({"initech"}))
+    _put(corpus, _req("i0", "initech"), TEXT)
+    _put(corpus, _req("a0", "acme"), TEXT)
+    i, a = _drafts(corpus, [_req("i1", "initech"), _req("a1", "acme")], TEXT[:3])
+    assert _hits(i) == 0 and _hits(a) >= 2
+    assert len(corpus.namespaces()) == 1

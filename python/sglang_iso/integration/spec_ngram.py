@@ -6,8 +6,10 @@ accept rate, and so its tokens per second, then tells it whether another tenant
 generated the same text. Here the corpus is partitioned by the request's tree
 namespace (``identity/tags.py``, verified from the request's ``extra_key``):
 
-    namespace "t:acme:..."   -> its own NgramCorpus (inserted into and matched only by acme's requests)
+    namespace "t:acme:..."   -> its own NgramCorpus (inserted into and matched only by acme's requests;
+                                one per cache group, as the tree shares a group's namespace)
     namespace None           -> an always-empty corpus (untagged or forged keys: no drafts from anyone)
+    tenant with cache "off"  -> the always-empty corpus too (its text is kept nowhere)
 
 The worker's ``ngram_corpus`` is replaced by :class:`NamespacedNgramCorpus`
 right after ``NGRAMWorker.__init__``; around ``_prepare_draft_tokens`` and
@@ -102,7 +104,10 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
     }
     capacity = min(int(spec.speculative_ngram_capacity), int(os.environ.get(CAPACITY_ENV, DEFAULT_NS_CAPACITY)))
     max_ns = int(os.environ.get(MAX_NAMESPACES_ENV, DEFAULT_MAX_NAMESPACES))
-    worker.ngram_corpus = NamespacedNgramCorpus(_resolver(), kwargs, capacity=capacity, max_namespaces=max_ns)
+    resolver, no_retention = _resolver()
+    worker.ngram_corpus = NamespacedNgramCorpus(
+        resolver, kwargs, capacity=capacity, max_namespaces=max_ns, no_retention=no_retention
+    )
     logger.info("sglang-iso: NGRAM draft corpus partitioned by namespace (capacity %d, up to %d)", capacity, max_ns)
 
 
@@ -136,19 +141,32 @@ def flush_tenant(tenant: str) -> int:
     return sum(corpus.drop_tenant(tenant) for corpus in list(_INSTANCES))
 
 
-def _resolver() -> Any:
+def _resolver() -> tuple[Any, frozenset[str]]:
+    """The namespace resolver and the owners (tenant or group ids) whose cache policy is ``off``."""
     from sglang_iso.identity.tags import NamespaceResolver
     from sglang_iso.integration.frontend import tenants_config
 
     config = tenants_config()
-    return NamespaceResolver(config.secret if config is not None else None)
+    if config is None:
+        return NamespaceResolver(None), frozenset()
+    off = frozenset(t.group or t.id for t in config.tenants.values() if t.cache_policy == "off")
+    return NamespaceResolver(config.secret), off
 
 
 class NamespacedNgramCorpus:
     """Drop-in for SGLang's ``NgramCorpus``: one corpus per namespace. Scheduler thread only."""
 
-    def __init__(self, resolver: Any, corpus_kwargs: dict[str, Any], *, capacity: int, max_namespaces: int) -> None:
+    def __init__(
+        self,
+        resolver: Any,
+        corpus_kwargs: dict[str, Any],
+        *,
+        capacity: int,
+        max_namespaces: int,
+        no_retention: frozenset[str] = frozenset(),
+    ) -> None:
         self.resolver = resolver
+        self.no_retention = no_retention  # owners whose text is kept nowhere (cache policy "off")
         self.draft_token_num = int(corpus_kwargs["draft_token_num"])
         self._kwargs = corpus_kwargs
         self._capacity = capacity
@@ -246,7 +264,9 @@ class NamespacedNgramCorpus:
         if key not in self._resolved:
             if len(self._resolved) >= _MAX_RESOLVED:
                 self._resolved.clear()
-            self._resolved[key] = self.resolver.resolve(*key)
+            ns = self.resolver.resolve(*key)
+            off = ns is not None and self.resolver.tenant_of(ns) in self.no_retention
+            self._resolved[key] = None if off else ns
         return self._resolved[key]
 
     @staticmethod
