@@ -42,15 +42,17 @@ def _table(shared_reader: str = "ns-a") -> tuple[OwnerTable, SimpleNamespace]:
     return OwnerTable(cache), cache
 
 
-def _batch(rows: list[int], seq_lens: list[int], starts: list[int]) -> SimpleNamespace:
+def _batch(rows: list[int], seq_lens: list[int], starts: list[int], drafts: int = 0) -> SimpleNamespace:
+    """An extend batch, or with ``drafts`` an NGRAM verify batch (committed ``seq_lens``, drafts after)."""
     return SimpleNamespace(
         req_pool_indices=torch.tensor(rows),
         seq_lens=torch.tensor(seq_lens),
         seq_lens_sum=sum(seq_lens),
         seq_lens_cpu=torch.tensor(seq_lens),
-        extend_prefix_lens=torch.tensor(starts),
-        extend_prefix_lens_cpu=starts,
-        forward_mode=SimpleNamespace(is_extend=lambda: True),
+        extend_prefix_lens=None if drafts else torch.tensor(starts),
+        extend_prefix_lens_cpu=None if drafts else starts,
+        forward_mode=SimpleNamespace(is_extend=lambda: True, is_target_verify=lambda: drafts > 0),
+        spec_info=SimpleNamespace(draft_token_num=drafts) if drafts else None,
     )
 
 
@@ -105,3 +107,25 @@ def test_allowed_table_grows_past_its_initial_slots() -> None:
     assert table.allowed.shape[0] > slot and table._retired
     assert table.allowed[slot].tolist()[:2] == [table.zero_owner, table.slot_of("shared:prompt")]
     assert table.allowed[table.slot_of("ns-3")].tolist()[1:] == [FREE] * (table.allowed.shape[1] - 1)
+
+
+def test_verify_pass_adopts_only_the_drafts_window() -> None:
+    table, cache = _table()
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :3] = torch.tensor([10, 11, 12])
+    rtt[2, :3] = torch.tensor([20, 21, 22])
+    table.check_batch(_batch([1, 2], [3, 3], [0, 0]))  # prefill: both adopt their pages
+    rtt[1, 3:6] = torch.tensor([13, 14, 15])  # a's 3 drafts (FREE pages: adopted)
+    rtt[2, 3:6] = torch.tensor([23, 24, 12])  # b's third draft slot is a's page
+    table.check_batch(_batch([1, 2], [3, 3], [], drafts=3))
+    assert table.page_owner[13:16].tolist() == [a] * 3 and table.page_owner[23:25].tolist() == [b] * 2
+    assert table.violating_rows == {2} and table.violations == 1
+    assert int(rtt[2, 5]) == table.zero_page * table.page_size and int(rtt[1, 2]) == 12
+    # next round: a accepted two drafts (now committed, own); a stale FREE slot below seq_len is refused
+    rtt[1, 1] = 30
+    table.check_batch(_batch([1], [5], [], drafts=3))
+    assert table.violating_rows == {1, 2} and int(table.page_owner[30]) == FREE

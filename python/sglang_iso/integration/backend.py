@@ -12,6 +12,7 @@ from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
 from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
 from sglang_iso.integration.tenant_cache import BACKEND_NAME, TenantPolicy, TenantRadixCache
+from sglang_iso.server.speculative import uncovered_speculative
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -50,7 +51,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
         UnsupportedConfigError: hybrid (SWA/Mamba) models, hierarchical cache or
-            EAGLE speculative decoding, which the tenant tree does not cover.
+            speculative decoding with a draft model, which the tenant tree does not cover.
     """
     missing = [t for t in REQUIRED_HOOK_TARGETS if t not in HookRegistry._patched]
     if missing:
@@ -62,6 +63,9 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
     }
     found = [name for name, on in unsupported.items() if on]
+    spec = uncovered_speculative(getattr(ctx.server_args, "speculative_algorithm", None))
+    if spec is not None and not found:
+        found.append(spec)
     if found:
         raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {', '.join(found)}")
     config = tenants_config()

@@ -61,6 +61,9 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
+    from sglang_iso.integration import spec_ngram
+
+    spec_ngram.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -102,6 +105,11 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache), "dp_rank": _dp_rank()}
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
+        from sglang_iso.integration import spec_ngram
+
+        ngram = spec_ngram.status()
+        if ngram is not None:
+            report["ngram"] = ngram
         state["sglang_iso"] = report
 
 
@@ -119,7 +127,8 @@ FLUSH_COMMAND = "sglang_iso.flush:"
 # "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
 FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
-# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot.
+# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot
+# ("verify:<tenant>": its next speculative verify forward).
 PLANT_COMMAND = "sglang_iso.test_plant:"
 
 
@@ -163,5 +172,8 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
+        from sglang_iso.integration.spec_ngram import flush_tenant
+
+        flush_tenant(key[len(FLUSH_COMMAND) :])  # and its NGRAM draft text, if any
         logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)
     return SetInternalStateReqOutput(updated=ok)

@@ -23,8 +23,10 @@ batch's tokens, not the pool size, and does not sync with the host: per-request
 counts are copied back asynchronously and read when the batch's results are
 processed, where the violation is counted, logged, and the request aborted.
 
-Not covered (refused at start, see :func:`uncovered_features`): speculative
-decoding and diffusion LLM decoding plan attention metadata outside
+NGRAM's verify pass (``TARGET_VERIFY``) is checked over the committed tokens
+and the drafts' window after them (the drafts' pages are adopted). Not covered
+(refused at start, see :func:`uncovered_features`): speculative decoding with a
+draft model and diffusion LLM decoding plan attention metadata outside
 ``ModelRunner.forward``; PD decode workers fill pages by transfer, which no
 forward adopts.
 """
@@ -55,9 +57,11 @@ ACTIVE: OwnerTable | None = None  # this scheduler process's table (set by the f
 def uncovered_features(server_args: Any) -> list[str]:
     """Server features the owner check does not cover; the server refuses to start with any of them."""
     found = []
-    spec = getattr(server_args, "speculative_algorithm", None)
+    from sglang_iso.server.speculative import uncovered_speculative
+
+    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
     if spec:
-        found.append(f"--speculative-algorithm {spec} (draft workers plan attention outside the checked forward)")
+        found.append(spec)
     dllm = getattr(server_args, "dllm_algorithm", None)
     if dllm:
         found.append(f"--dllm-algorithm {dllm} (plans attention outside the checked forward)")
@@ -112,7 +116,7 @@ class OwnerTable:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
         self.violating_rows: set[int] = set()
-        self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV)
+        self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV): "<tenant>" or "verify:<tenant>"
         self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
         self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
@@ -255,9 +259,16 @@ class OwnerTable:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
         write_start = _write_start(forward_batch, seq_lens)
+        if forward_batch.forward_mode.is_target_verify():
+            # NOTE: the drafts sit in each row right after the committed tokens and are written by this
+            # forward: check [0, seq_len + drafts), adopting only the drafts' window.
+            drafts = int(forward_batch.spec_info.draft_token_num)
+            write_start, seq_lens = seq_lens, seq_lens + drafts
+            total = int(total) + drafts * int(rows.numel())
         req_to_token = self.cache.req_to_token_pool.req_to_token
         if self.armed_plants:
-            self._plant_batch(rows.tolist(), req_to_token)  # test-only path, host reads allowed
+            verify = bool(forward_batch.forward_mode.is_target_verify())
+            self._plant_batch(rows.tolist(), req_to_token, verify)  # test-only path, host reads allowed
         counts = sanitize_rows(
             req_to_token,
             rows,
@@ -343,22 +354,24 @@ class OwnerTable:
         buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache())
         return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
 
-    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor) -> None:
+    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor, verify: bool = False) -> None:
         for row in rows:
             owner = int(self.row_owner[row])
-            if owner != FREE and self._plant(row, owner, req_to_token):
+            if owner != FREE and self._plant(row, owner, req_to_token, verify):
                 return
 
-    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor) -> bool:
-        """Test-only: write one slot of a page another owner holds at position 0 of this row."""
+    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor, verify: bool) -> bool:
+        """Test-only: write one slot of a page another owner holds at position 0 of this row (armed as
+        ``verify:<tenant>``: only in a speculative verify forward)."""
         ns = self._namespaces.get(owner)
         tenant = self.cache.resolver.tenant_of(ns) if ns else None
-        if tenant not in self.armed_plants:
+        armed = next((a for a in (tenant, f"verify:{tenant}" if verify else None) if a in self.armed_plants), None)
+        if tenant is None or armed is None:
             return False
         foreign = ((self.page_owner != owner) & (self.page_owner > self.zero_owner)).nonzero().flatten()
         if foreign.numel() == 0:
             return False
-        self.armed_plants.discard(tenant)
+        self.armed_plants.discard(armed)
         self._planted.setdefault(row, []).append((0, int(req_to_token[row, 0])))
         req_to_token[row, 0] = int(foreign[0]) * self.page_size
         logger.warning("sglang-iso: TEST plant of a foreign slot into row %d", row)

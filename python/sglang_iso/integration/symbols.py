@@ -290,6 +290,56 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "the front end overwrites extra_key and lora_id and checks lora_path",
     ),
     HookedSymbol(
+        "sglang.srt.speculative.ngram_worker:NGRAMWorker.__init__",
+        ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
+        "AFTER: replaces self.ngram_corpus (one corpus for the server) by per-namespace corpora",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.ngram_worker:NGRAMWorker._prepare_draft_tokens",
+        ("self", "batch"),
+        "AROUND: binds batch.reqs' namespaces while it calls ngram_corpus.synchronize/batch_get",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.ngram_worker:NGRAMWorker._update_ngram_corpus",
+        ("self", "batch"),
+        "AROUND: binds batch.reqs' namespaces while it calls ngram_corpus.batch_put (one list per req)",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.cpp_ngram.ngram_corpus:NgramCorpus.__init__",
+        ("capacity", "max_trie_depth", "min_bfs_breadth", "max_bfs_breadth", "draft_token_num", "match_type"),
+        "one corpus per namespace, built with the server's --speculative-ngram-* settings",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.cpp_ngram.ngram_corpus:NgramCorpus.batch_get",
+        ("self", "req_ids", "batch_tokens", "total_lens"),
+        "called per namespace group; returns flat drafts [bs*n] and masks [bs*n*n]",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.cpp_ngram.ngram_corpus:NgramCorpus.batch_put",
+        ("self", "batch_tokens"),
+        "called per namespace group",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.cpp_ngram.ngram_corpus:NgramCorpus.erase_match_state",
+        ("self", "req_ids"),
+        "departed requests' match state, forwarded to every namespace corpus",
+    ),
+    HookedSymbol(
+        "sglang.srt.runtime_context:get_spec",
+        (),
+        "the --speculative-ngram-* settings (speculative_ngram_capacity, ..._external_corpus_path, ...)",
+    ),
+    HookedSymbol(
+        "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_target_verify",
+        ("self",),
+        "the owner check widens its window by spec_info.draft_token_num on a verify forward",
+    ),
+    HookedSymbol(
+        "sglang.kernels.ops.speculative.reconstruct_tree:reconstruct_indices_from_tree_mask_func",
+        ("tree_mask", "verified_seq_len", "positions", "batch_size", "draft_token_num"),
+        "calls sgl_kernel.speculative.reconstruct_indices_from_tree_mask on CPU (platform/spec_cpu.py)",
+    ),
+    HookedSymbol(
         "sglang.srt.lora.backend.torch_backend:TorchNativeLoRABackend",
         (),
         "the CPU LoRA backend the launcher selects; its module is unpinned by platform/lora_cpu.py",
@@ -305,4 +355,8 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
     "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
     "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
+    # NGRAM draft corpus per namespace (integration/spec_ngram.py HOOK_TARGETS)
+    "sglang.srt.speculative.ngram_worker.NGRAMWorker.__init__",
+    "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_draft_tokens",
+    "sglang.srt.speculative.ngram_worker.NGRAMWorker._update_ngram_corpus",
 )

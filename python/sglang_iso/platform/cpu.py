@@ -10,8 +10,9 @@ a CPU-only torch. This module fixes both without touching any installed file:
   kernel that raises a clear error, so the import succeeds and any real call
   still fails loudly.
 * ``sgl_kernel``: a stand-in module exposes exactly the names SGLang imports at
-  module level on CPU. None of them is called for the models we serve; each one
-  raises :class:`MissingKernelError` naming the op if it ever is.
+  module level on CPU. The speculative-decoding ops get torch versions
+  (:mod:`sglang_iso.platform.spec_cpu`); every other one raises
+  :class:`MissingKernelError` naming the op if it is ever called.
   ``torch.ops.sgl_kernel`` stays empty, so ``cpu_has_amx_support()`` is False
   and layers use their ``forward_native`` paths.
 
@@ -87,7 +88,7 @@ def _missing_kernel(op_name: str) -> types.FunctionType:
     def kernel(*_args: object, **_kwargs: object) -> NoReturn:
         raise MissingKernelError(
             f"{op_name} has no CPU build in this installation; sglang-iso supports "
-            "CPU serving of dense decoder models without speculative decoding."
+            "CPU serving of dense decoder models (speculative decoding: NGRAM only)."
         )
 
     kernel.__name__ = op_name.rsplit(".", 1)[-1]
@@ -106,10 +107,13 @@ def _install_sgl_kernel_stub() -> None:
     except (ImportError, ValueError):
         pass
     stub = types.ModuleType(_STUB_MODULE_NAME)
-    stub.__doc__ = "sglang-iso stand-in: every function raises MissingKernelError."
+    stub.__doc__ = "sglang-iso stand-in: torch versions of the speculative ops; the rest raise MissingKernelError."
     stub.__dict__["__sglang_iso_stub__"] = True
     for name in SGL_KERNEL_CPU_NAMES:
         setattr(stub, name, _missing_kernel(f"sgl_kernel.{name}"))
+    from sglang_iso.platform import spec_cpu
+
+    spec_cpu.install(stub)  # torch versions of the speculative-decoding ops (EAGLE's tree builder excepted)
     sys.modules[_STUB_MODULE_NAME] = stub
 
 

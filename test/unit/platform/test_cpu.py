@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from sglang_iso.platform import cpu
+from sglang_iso.platform import cpu, spec_cpu
 
 
 def test_shims_active_without_cuda() -> None:
@@ -23,11 +23,19 @@ def test_torchvision_imports_and_nms_call_names_the_op() -> None:
         torch.ops.torchvision.nms(boxes, torch.tensor([1.0]), 0.5)
 
 
-@pytest.mark.parametrize("name", cpu.SGL_KERNEL_CPU_NAMES)
-def test_sgl_kernel_stub_raises_naming_the_op(name: str) -> None:
+def test_missing_kernel_raises_naming_the_op() -> None:
+    with pytest.raises(cpu.MissingKernelError, match=r"sgl_kernel\.some_cuda_op"):
+        cpu._missing_kernel("sgl_kernel.some_cuda_op")(1, 2)
+
+
+def test_speculative_names_are_torch_standins() -> None:
     stub = sys.modules["sgl_kernel"]
-    with pytest.raises(cpu.MissingKernelError, match=f"sgl_kernel.{name}"):
-        getattr(stub, name)(1, 2)
+    for name, fn in spec_cpu.STANDINS.items():
+        assert getattr(stub, name) is fn
+    assert set(cpu.SGL_KERNEL_CPU_NAMES) <= set(spec_cpu.STANDINS)  # every name SGLang imports has one
+    assert sys.modules["sgl_kernel.speculative"].reconstruct_indices_from_tree_mask is (
+        spec_cpu.reconstruct_indices_from_tree_mask
+    )
 
 
 def test_stub_exposes_only_declared_names() -> None:

@@ -56,7 +56,8 @@ def test_owner_check_accepts_every_attention_backend(backend: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--speculative-algorithm", "NGRAM"], "--speculative-algorithm NGRAM"),
+        (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE"),
+        (["--speculative-algorithm", "STANDALONE"], "--speculative-algorithm STANDALONE"),
         (["--dllm-algorithm=LowConfidence"], "--dllm-algorithm LowConfidence"),
     ],
 )
@@ -65,6 +66,11 @@ def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str
         plan_launch(["--model-path", "m", *flags], cuda_available=True)
     plan = plan_launch(["--model-path", "m", *flags, "--kv-owner-check", "off"], cuda_available=True)
     assert plan.kv_owner_check == "off"  # positive control: allowed with the check off
+
+
+def test_owner_check_allows_ngram() -> None:
+    plan = plan_launch(["--model-path", "m", "--speculative-algorithm", "NGRAM"], cuda_available=True)
+    assert plan.kv_owner_check == "on"
 
 
 def test_every_sglang_flag_passes_through_unchanged() -> None:
