@@ -49,8 +49,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     Raises:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
-        UnsupportedConfigError: hybrid (SWA/Mamba) models, hierarchical cache or
-            EAGLE speculative decoding, which the tenant tree does not cover.
+        UnsupportedConfigError: hybrid (SWA/Mamba) models, EAGLE speculative decoding or
+            hierarchical-cache features (L3 storage), which the tenant tree does not cover.
     """
     missing = [t for t in REQUIRED_HOOK_TARGETS if t not in HookRegistry._patched]
     if missing:
@@ -58,10 +58,13 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     unsupported = {
         "hybrid SWA model": ctx.is_hybrid_swa,
         "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
-        "--enable-hierarchical-cache": ctx.enable_hierarchical_cache,
         "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
     }
     found = [name for name, on in unsupported.items() if on]
+    if ctx.enable_hierarchical_cache:
+        from sglang_iso.integration.host_cache import uncovered_hicache_features
+
+        found += uncovered_hicache_features(ctx.server_args)
     if found:
         raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {', '.join(found)}")
     config = tenants_config()
@@ -78,6 +81,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
 
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
+    if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
+        _attach_host_tier(cache, ctx.server_args)
     if owner_check_mode() == "on" and not cache.disable:
         uncovered = uncovered_features(ctx.server_args)
         if uncovered:
@@ -95,6 +100,22 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
+
+
+def _attach_host_tier(cache: TenantRadixCache, server_args: Any) -> None:
+    """Give the tree a per-namespace host (L2) tier sized by ``--hicache-ratio`` / ``--hicache-size``."""
+    import math
+
+    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
+    from sglang_iso.integration.scrub import kv_buffers
+
+    allocator = cache.token_to_kv_pool_allocator
+    buffers = kv_buffers(allocator.get_kvcache())
+    per_token = sum(b.element_size() * math.prod(b.shape[1:]) for b in buffers)
+    capacity = host_capacity_tokens(server_args, int(allocator.size), per_token)
+    cache.host = HostCache(cache, capacity)
+    cache.tree.set_spill(cache.host.spill)
+    logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
 
 
 def _server_tokenizer(server_args: Any) -> Any:

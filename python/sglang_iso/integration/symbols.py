@@ -279,6 +279,32 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         (),
         "the CPU LoRA backend the launcher selects; its module is unpinned by platform/lora_cpu.py",
     ),
+    # Host (L2) tier, --enable-hierarchical-cache (integration/host_cache.py).
+    HookedSymbol(
+        "sglang.srt.server_args:ServerArgs",
+        ("enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_storage_backend"),
+        "sizes the host tier; L3 storage is refused",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.check_hicache_events",
+        ("self",),
+        "called each scheduler step with HiCache on; a no-op for the synchronous host tier",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.ready_to_load_host_cache",
+        ("self",),
+        "called per prefill batch with HiCache on; -1 (no asynchronous load-back)",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.alloc",
+        ("self", "need_size"),
+        "device slots for pages loaded back from the host",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.available_size",
+        ("self",),
+        "evict before a host load-back only when the pool is short",
+    ),
 )
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
