@@ -1,10 +1,12 @@
-"""Hierarchical cache per tenant on a real server (CPU): host tier (L2) per namespace, L3 refused.
+"""Hierarchical cache per tenant on real servers (CPU): host tier (L2) and L3 files, per namespace.
 
-A small device pool: tenant A's prompt is evicted to the host by filler
-traffic, then tenant B sends the same prompt (no reuse: its namespace has
-nothing, on the device or the host) and A sends it again (positive control: a
-hit served from the host, counted as loaded back). One server for the module,
-plus one refused start for L3 storage.
+Server 1 (small device pool, --enable-hierarchical-cache --hicache-storage-backend file):
+tenant A's prompt is evicted to the host and the files by filler traffic; tenant
+B sends the same prompt (no reuse from device, host or files), then A sends it
+again (positive control: a hit loaded back from the host). Server 2, same
+secret and directory: B gets nothing, A hits from the files. Server 3, a new
+secret: A no longer hits the old files (control: A's fresh prompt hits).
+Three server starts for the module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess, ServerStartError
+from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
+from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
 from .conftest import start_iso_server
@@ -34,7 +37,7 @@ def prompt(words: int) -> str:
 
 
 def write_tenants(d: Path) -> Path:
-    (d / "s.key").write_bytes(secrets.token_bytes(32))
+    (d / "s.key").write_bytes(secrets.token_bytes(32))  # a new secret each call
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
     for name in ("acme", "globex"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
@@ -42,14 +45,34 @@ def write_tenants(d: Path) -> Path:
     return d / "t.toml"
 
 
+SHARED: dict[str, object] = {}  # what server 1 leaves for the restarts: target prompt, its length
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    tenants = write_tenants(tmp_path_factory.mktemp("hicache"))
-    srv = start_iso_server(
-        "--tenants-file", str(tenants), "--max-total-tokens", DEVICE_TOKENS, "--enable-hierarchical-cache"
-    )
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d: Path = tmp_path_factory.mktemp("hicache")
+    write_tenants(d)
+    (d / "l3").mkdir()
+    return d
+
+
+def start(workdir: Path) -> ServerProcess:
+    return start_iso_server(
+        "--tenants-file",
+        str(workdir / "t.toml"),
+        "--max-total-tokens",
+        DEVICE_TOKENS,
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "file",
+        env={UPSTREAM_DIR_ENV: str(workdir / "l3")},
+    ).start()
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path) -> Iterator[ServerProcess]:
+    srv = start(workdir)
     try:
-        srv.start()
         yield srv
     finally:
         srv.stop()
@@ -86,11 +109,13 @@ def test_evicted_prefix_returns_from_host_for_its_tenant_only(server: ServerProc
     first = gen(server, "acme", target)
     assert first["cached_tokens"] == 0
     n = int(first["prompt_tokens"])
+    SHARED.update(target=target, n=n)
     # Filler from acme's own namespace pushes the target out of the 2,048-token device pool.
     for _ in range(8):
         gen(server, "acme", prompt(50))
     evicted = wait_for(server, lambda s: s["acme"].get("host_resident_tokens", 0) >= n // 2)
     assert evicted["acme"]["host_resident_tokens"] >= n // 2, evicted
+    assert evicted["acme"]["l3_written_tokens"] >= n // 2, evicted  # written through to the files too
 
     other = gen(server, "globex", target)
     assert other["cached_tokens"] == 0  # B: no reuse from A's device or host pages
@@ -106,19 +131,36 @@ def test_evicted_prefix_returns_from_host_for_its_tenant_only(server: ServerProc
     assert status == 200
     tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
     assert tree["host_scrubbed_pages"] > 0 and tree["host_violations"] == 0, tree
+    assert tree["l3_written_pages"] > 0 and tree["l3_bad_files"] == 0, tree
 
 
-def test_l3_storage_is_refused_with_a_message(tmp_path: Path) -> None:
-    tenants = write_tenants(tmp_path)
-    srv = start_iso_server(
-        "--tenants-file",
-        str(tenants),
-        "--enable-hierarchical-cache",
-        "--hicache-storage-backend",
-        "file",
-    )
-    with pytest.raises(ServerStartError) as err:
-        srv.start(timeout_s=240)
-    srv.keep_log = False  # an expected refusal: its log tail is in the error
-    srv.stop()
-    assert "--hicache-storage-backend file" in str(err.value)
+def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:
+    assert SHARED, "needs the first test's target prompt"
+    server.stop()  # server 1 is done; its pages are in the files
+    target, n = str(SHARED["target"]), int(SHARED["n"])
+    srv = start(workdir)
+    try:
+        assert gen(srv, "globex", target)["cached_tokens"] == 0  # B: nothing from A's files
+        again = gen(srv, "acme", target)  # positive control: A hits from the files after the restart
+        assert again["cached_tokens"] >= n // 2, again
+        loaded = wait_for(srv, lambda s: s["acme"].get("l3_loaded_tokens", 0) > 0)
+        assert loaded["acme"]["l3_loaded_tokens"] >= n // 2, loaded
+        assert loaded.get("globex", {}).get("l3_loaded_tokens", 0) == 0
+    finally:
+        srv.stop()
+
+
+def test_new_secret_makes_old_files_unreachable(workdir: Path, server: ServerProcess) -> None:
+    assert SHARED, "needs the first test's target prompt"
+    server.stop()
+    write_tenants(workdir)  # rotate the namespace secret
+    target = str(SHARED["target"])
+    srv = start(workdir)
+    try:
+        assert gen(srv, "acme", target)["cached_tokens"] == 0
+        fresh = prompt(50)
+        gen(srv, "acme", fresh)
+        assert gen(srv, "acme", fresh)["cached_tokens"] > 0  # control: caching works on this server
+        assert stats(srv)["acme"].get("l3_loaded_tokens", 0) == 0
+    finally:
+        srv.stop()

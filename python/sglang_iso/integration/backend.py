@@ -82,7 +82,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
     if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
-        _attach_host_tier(cache, ctx.server_args)
+        _attach_host_tier(cache, ctx, config.secret if config is not None else None)
     if owner_check_mode() == "on" and not cache.disable:
         uncovered = uncovered_features(ctx.server_args)
         if uncovered:
@@ -102,12 +102,22 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     return cache
 
 
-def _attach_host_tier(cache: TenantRadixCache, server_args: Any) -> None:
-    """Give the tree a per-namespace host (L2) tier sized by ``--hicache-ratio`` / ``--hicache-size``."""
+def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:
+    """Give the tree a per-namespace host (L2) tier sized by ``--hicache-ratio`` / ``--hicache-size``, and the
+    L3 file store when the launcher set its directory.
+
+    Raises:
+        UnsupportedConfigError: L3 storage without a namespace secret.
+    """
     import math
+    import os
 
     from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
+    from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
     from sglang_iso.integration.scrub import kv_buffers
+    from sglang_iso.server.hicache_args import L3_DIR_ENV
+
+    server_args = ctx.server_args
 
     allocator = cache.token_to_kv_pool_allocator
     buffers = kv_buffers(allocator.get_kvcache())
@@ -116,6 +126,22 @@ def _attach_host_tier(cache: TenantRadixCache, server_args: Any) -> None:
     cache.host = HostCache(cache, capacity)
     cache.tree.set_spill(cache.host.spill)
     logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
+    directory = os.environ.get(L3_DIR_ENV)
+    if not directory:
+        return
+    if not secret:
+        raise UnsupportedConfigError(
+            "sglang-iso: L3 storage needs --tenants-file (its namespace secret keys the store)"
+        )
+    layout = f"page={cache.page_size};tp={ctx.tp_rank}/{ctx.tp_size};" + ";".join(
+        f"{b.dtype}{tuple(b.shape[1:])}" for b in buffers
+    )
+    fingerprint = model_fingerprint(str(server_args.model_path), layout)
+    resolver = cache.resolver
+    cache.host.l3 = FileL3Store(
+        directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+    )
+    logger.info("sglang-iso: L3 file store attached (page files keyed by the namespace secret)")
 
 
 def _server_tokenizer(server_args: Any) -> Any:

@@ -298,7 +298,6 @@ class TenantRadixCache(BasePrefixCache):
                     "evicted_tokens": 0,
                     "violations": 0,
                     "quota_tokens_per_namespace": st.quota,
-                    **({} if self.host is None else {"host_resident_tokens": 0, "host_loaded_tokens": 0}),
                 },
             )
             row["namespaces"] = int(row["namespaces"] or 0) + 1
@@ -313,10 +312,8 @@ class TenantRadixCache(BasePrefixCache):
                 ("violations", st.violations),
             ):
                 row[field] = int(row[field] or 0) + int(value)
-            if self.host is not None:
-                hs = self.host.tier.stats(ns)
-                row["host_resident_tokens"] = int(row["host_resident_tokens"] or 0) + hs.resident_tokens
-                row["host_loaded_tokens"] = int(row["host_loaded_tokens"] or 0) + hs.loaded_tokens
+            for field, value in (self.host.ns_stats(ns) if self.host is not None else {}).items():
+                row[field] = int(row.get(field) or 0) + value
         return out
 
     def readable_shared(self, ns: str | None) -> list[str]:
@@ -333,6 +330,8 @@ class TenantRadixCache(BasePrefixCache):
 
     def flush_owner(self, owner: str) -> int:
         """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
+        if self.host is not None:
+            self.host.forget_owner(owner)
         return sum(
             self._flush_ns(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
         )
