@@ -122,3 +122,12 @@ def test_tenant_flush_covers_namespaces_not_seen_since_restart(tmp_path: Path) -
     later = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, owner)
     assert later.read("t:acme:1", b"d") is None and later.read("t:acme:2", b"d") is None
     assert later.read("t:globex:1", b"d") == b"kvkv"  # control: another tenant keeps its pages
+
+
+def test_reset_and_clear_storage_make_files_unreachable(tmp_path: Path) -> None:
+    # /flush_cache and weight updates reset the cache: KV computed before must not come back from the files.
+    for action in ("reset", "clear_storage_backend"):
+        evicted_by_a(4, tmp_path)
+        cache, _, _ = with_l3(4, tmp_path)
+        getattr(cache, action)()
+        assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0, action

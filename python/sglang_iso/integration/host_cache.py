@@ -185,7 +185,10 @@ class HostCache:
         return out
 
     def reset(self) -> None:
+        """Drop every host page (scrubbed) and make every L3 page unreachable (``/flush_cache``, weight updates:
+        KV computed before may not match the weights after)."""
         self.tier.reset()
+        self.forget_owner("*")
 
     # ------------------------------------------------------------------------------------------ scrub, status
 

@@ -296,6 +296,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "called per prefill batch with HiCache on; -1 (no asynchronous load-back)",
     ),
     HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.clear_hicache_storage_wrapped",
+        ("self", "recv_req"),
+        "calls tree_cache.clear_storage_backend(): L3 pages become unreachable",
+    ),
+    HookedSymbol(
         "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.alloc",
         ("self", "need_size"),
         "device slots for pages loaded back from the host",

@@ -256,6 +256,12 @@ class TenantRadixCache(BasePrefixCache):
     def ready_to_load_host_cache(self) -> int:
         return -1  # no asynchronous load-back: host hits are already on the device when matched
 
+    def clear_storage_backend(self) -> bool:
+        """SGLang's ``/clear_hicache_storage_backend``: every L3 page becomes unreachable."""
+        if self.host is not None:
+            self.host.forget_owner("*")
+        return True
+
     # ------------------------------------------------------------------------------------------ sglang-iso API
 
     def iso_status(self) -> dict[str, Any]:
