@@ -296,6 +296,12 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "called per prefill batch with HiCache on; -1 (no asynchronous load-back)",
     ),
     HookedSymbol(
+        "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.__init__",
+        ("self", "pin_memory"),
+        "upstream HiCache on CPU (benchmark baseline): platform/hicache_cpu.py forces pin_memory=False and adds "
+        "the module's transfer_kv_direct",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.clear_hicache_storage_wrapped",
         ("self", "recv_req"),
         "calls tree_cache.clear_storage_backend(): L3 pages become unreachable",
