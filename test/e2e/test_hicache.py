@@ -65,6 +65,7 @@ def start(workdir: Path) -> ServerProcess:
         "--enable-hierarchical-cache",
         "--hicache-storage-backend",
         "file",
+        "--enable-metrics",
         env={UPSTREAM_DIR_ENV: str(workdir / "l3")},
     ).start()
 
@@ -132,6 +133,14 @@ def test_evicted_prefix_returns_from_host_for_its_tenant_only(server: ServerProc
     tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
     assert tree["host_scrubbed_pages"] > 0 and tree["host_violations"] == 0, tree
     assert tree["l3_written_pages"] > 0 and tree["l3_bad_files"] == 0, tree
+
+    time.sleep(1.5)  # the scheduler exports its counters at most once a second
+    gen(server, "acme", prompt(5))
+    status, body = server.get_with("/metrics", {"Authorization": f"Bearer {KEYS['admin']}"})
+    assert status == 200
+    assert 'sglang_iso:host_resident_tokens{tenant="acme"}' in body
+    assert 'sglang_iso:tier_loaded_tokens_total{tenant="acme",tier="host"}' in body
+    assert 'tier_loaded_tokens_total{tenant="globex"' not in body
 
 
 def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:

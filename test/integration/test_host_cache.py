@@ -62,6 +62,7 @@ def test_evicted_prefix_comes_back_in_own_namespace_only(page_size: int) -> None
     assert cache.evict(EvictParams(num_tokens=16)).num_tokens_evicted == 16
     assert cache.evictable_size() == 0
     assert cache.host.tier.used_pages() * page_size == 16
+    assert cache.host.logical_size - cache.host.available_size() == 16  # what SGLang's metrics read
 
     other = cached(cache, tokens, "tenant-b")
     assert other.device_prefix_len == 0  # B: no reuse from the host

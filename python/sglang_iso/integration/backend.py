@@ -123,7 +123,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     buffers = kv_buffers(allocator.get_kvcache())
     per_token = sum(b.element_size() * math.prod(b.shape[1:]) for b in buffers)
     capacity = host_capacity_tokens(server_args, int(allocator.size), per_token)
-    cache.host = HostCache(cache, capacity)
+    cache.host = cache.token_to_kv_pool_host = HostCache(cache, capacity)
     cache.tree.set_spill(cache.host.spill)
     logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
     directory = os.environ.get(L3_DIR_ENV)

@@ -201,6 +201,15 @@ class HostCache:
             buf.index_fill_(0, host, 0)
         self.scrubbed_pages += len(pages)
 
+    @property
+    def logical_size(self) -> int:
+        """Host capacity in tokens (read by SGLang's metrics reporter as ``token_to_kv_pool_host``)."""
+        return self.tier.capacity_pages * self.page_size
+
+    def available_size(self) -> int:
+        """Free host tokens (read by SGLang's metrics reporter)."""
+        return (self.tier.capacity_pages - self.tier.used_pages()) * self.page_size
+
     def status(self) -> dict[str, int]:
         return {
             "host_capacity_tokens": self.tier.capacity_pages * self.page_size,

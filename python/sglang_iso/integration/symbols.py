@@ -302,6 +302,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "the module's transfer_kv_direct",
     ),
     HookedSymbol(
+        "sglang.srt.managers.scheduler_components.metrics_reporter:SchedulerMetricsReporter._log_hicache_stats",
+        ("self",),
+        "with --enable-metrics reads tree_cache.token_to_kv_pool_host.logical_size and available_size()",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.clear_hicache_storage_wrapped",
         ("self", "recv_req"),
         "calls tree_cache.clear_storage_backend(): L3 pages become unreachable",

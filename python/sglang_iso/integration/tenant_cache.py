@@ -103,6 +103,7 @@ class TenantRadixCache(BasePrefixCache):
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
         self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
+        self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
         # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies
         # synchronously, so nothing is ever in flight.
         self.ongoing_write_through: dict[int, Any] = {}
@@ -366,6 +367,12 @@ class TenantRadixCache(BasePrefixCache):
             if m is not None:
                 m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
                 m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
+                if "host_resident_tokens" in row:
+                    m["host_resident_tokens"].labels(tenant=owner).set(row["host_resident_tokens"] or 0)
+                for tier in ("host", "l3"):
+                    loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
+                    if loaded:
+                        m["tier_loaded_tokens"].labels(tenant=owner, tier=tier).inc(loaded)
             for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
                 delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
                 if delta and m is not None:
