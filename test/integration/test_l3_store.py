@@ -131,3 +131,14 @@ def test_reset_and_clear_storage_make_files_unreachable(tmp_path: Path) -> None:
         cache, _, _ = with_l3(4, tmp_path)
         getattr(cache, action)()
         assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0, action
+
+
+def test_concurrent_flushes_from_two_ranks_are_both_kept(tmp_path: Path) -> None:
+    rank0 = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)
+    rank1 = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)  # another process over the same directory
+    for ns in ("ns-a", "ns-b"):
+        assert rank0.write(ns, b"d", b"kvkv")
+    rank0.flush("ns:ns-a")
+    rank1.flush("ns:ns-b")  # must not write back its stale view without ns-a's bump
+    after = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)
+    assert after.read("ns-a", b"d") is None and after.read("ns-b", b"d") is None

@@ -26,6 +26,7 @@ harmless; the operator prunes by age), other backends (Mooncake, 3FS, NIXL).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
@@ -131,8 +132,18 @@ class FileL3Store:
         ``scope``: ``"*"`` (everything), ``"owner:<tenant>"`` or ``"ns:<namespace>"``.
         """
         label = self._label(scope)
-        self._epochs[label] = self._epochs.get(label, 0) + 1
-        self._atomic_write(self._epochs_path, json.dumps(self._epochs, sort_keys=True).encode())
+        # NOTE: read-modify-write under a lock, because every DP rank (its own process) may flush into the same
+        # directory; a lost bump would make flushed pages reachable again after a restart.
+        with open(self.directory / ".epochs.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                on_disk = self._load_epochs()
+                merged = {k: max(on_disk.get(k, 0), self._epochs.get(k, 0)) for k in {*on_disk, *self._epochs}}
+                merged[label] = merged.get(label, 0) + 1
+                self._atomic_write(self._epochs_path, json.dumps(merged, sort_keys=True).encode())
+                self._epochs = merged
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def status(self) -> dict[str, int]:
         return {
