@@ -118,11 +118,15 @@ class HostTier:
             out.append((i * self.page_size, page))
         return out
 
-    def lookup(self, ns: str, tokens: Sequence[int], start: int) -> list[int]:
-        """Host pages holding ``tokens[start:]`` page by page in ``ns`` (stops at the first miss)."""
+    def lookup(self, ns: str, tokens: Sequence[int], start: int, digests: list[bytes] | None = None) -> list[int]:
+        """Host pages holding ``tokens[start:]`` page by page in ``ns`` (stops at the first miss).
+
+        ``digests``: ``chain(ns, tokens, ...)`` when the caller already has it.
+        """
         if start % self.page_size or not self._index.get(ns):
             return []
-        digests = self.chain(ns, tokens, len(tokens) - len(tokens) % self.page_size)
+        if digests is None:
+            digests = self.chain(ns, tokens, len(tokens) - len(tokens) % self.page_size)
         index = self._index[ns]
         out: list[int] = []
         for digest in digests[start // self.page_size :]:
@@ -137,9 +141,9 @@ class HostTier:
             out.append(page)
         return out
 
-    def take(self, ns: str, tokens: Sequence[int], start: int) -> list[int]:
+    def take(self, ns: str, tokens: Sequence[int], start: int, digests: list[bytes] | None = None) -> list[int]:
         """Like :meth:`lookup`, and unindex the pages found: the caller copies them, then :meth:`release`."""
-        pages = self.lookup(ns, tokens, start)
+        pages = self.lookup(ns, tokens, start, digests)
         index = self._index.get(ns, {})
         for page in pages:
             _, digest = self._owner[page]
@@ -171,6 +175,10 @@ class HostTier:
         """Drop every host page of every namespace (scrubbed). Counters other than residency stay."""
         for ns in list(self._index):
             self.flush(ns)
+
+    def holds(self, ns: str) -> bool:
+        """Whether ``ns`` has any page on the host."""
+        return bool(self._index.get(ns))
 
     def stats(self, ns: str) -> HostStats:
         row = self._stats.get(ns, [0, 0, 0])

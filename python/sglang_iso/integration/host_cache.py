@@ -132,13 +132,17 @@ class HostCache:
         """
         tree = self.cache.tree
         start = found.prefix_len
+        aligned = len(tokens) - len(tokens) % self.page_size
+        if start >= aligned or (self.l3 is None and not self.tier.holds(ns)):
+            return 0  # NOTE: the common cases (full device hit, nothing spilled) cost no hashing
         if tree.shared_route(ns, tokens[:start]) is not None:
             return 0
-        n_host = len(self.tier.lookup(ns, tokens, start))
-        stored = self._read_l3(ns, tokens, start // self.page_size + n_host)
+        digests = self.tier.chain(ns, tokens, aligned)
+        n_host = len(self.tier.lookup(ns, tokens, start, digests))
+        stored = self._read_l3(ns, digests, start // self.page_size + n_host)
         if not n_host and not stored:
             return 0
-        pages = self.tier.take(ns, tokens, start)
+        pages = self.tier.take(ns, tokens, start, digests)
         n = (len(pages) + len(stored)) * self.page_size
         tree.inc_lock(found.last_node)  # NOTE: evicting for room must not take the prefix being extended
         try:
@@ -241,11 +245,10 @@ class HostCache:
             if self.l3.write(ns, digests[i], page_payload(self.device_buffers, page)):
                 self._bump(ns, "l3_written_tokens", self.page_size)
 
-    def _read_l3(self, ns: str, tokens: Any, first_page: int) -> list[bytes]:
+    def _read_l3(self, ns: str, digests: list[bytes], first_page: int) -> list[bytes]:
         """Authentic L3 payloads of ``ns``'s pages from ``first_page`` on, up to the first miss."""
         if self.l3 is None:
             return []
-        digests = self.tier.chain(ns, tokens, len(tokens) - len(tokens) % self.page_size)
         out: list[bytes] = []
         for digest in digests[first_page:]:
             payload = self.l3.read(ns, digest)
