@@ -131,3 +131,39 @@ def test_sizing_and_refusals() -> None:
     assert host_capacity_tokens(Args(), 1000, 1024) == (1 << 30) // 1024
     refused = uncovered_hicache_features(Args())
     assert len(refused) == 1 and "--hicache-storage-backend file" in refused[0]
+
+
+def test_tenant_quota_caps_its_host_residency_too() -> None:
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+
+    cache, allocator, kv = make(1)
+    secret = b"k" * 32
+    capped = TenantRadixCache(
+        _params(cache),
+        NamespaceResolver(secret),
+        {"acme": TenantPolicy(quota_tokens=8, policy="private")},
+    )
+    capped.host = HostCache(capped, 64)
+    capped.tree.set_spill(capped.host.spill)
+    tag = make_tag(secret, "acme", "a" * 64)
+    first, second = list(range(600, 608)), list(range(700, 708))
+    store(capped, allocator, kv, first, tag)
+    capped.evict(EvictParams(num_tokens=8))
+    store(capped, allocator, kv, second, tag)
+    capped.evict(EvictParams(num_tokens=8))  # the host would hold 16 of acme's tokens: its oldest 8 go
+    assert capped.tenant_stats()["acme"]["host_resident_tokens"] == 8
+    assert cached(capped, first, tag).device_prefix_len == 0
+    assert cached(capped, second, tag).device_prefix_len == 8  # control: the newer prefix is still there
+    capped.host.tier.check_integrity()
+
+
+def _params(cache):  # type: ignore[no-untyped-def]
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+    return CacheInitParams(
+        disable=False,
+        req_to_token_pool=cache.req_to_token_pool,
+        token_to_kv_pool_allocator=cache.token_to_kv_pool_allocator,
+        page_size=cache.page_size,
+    )

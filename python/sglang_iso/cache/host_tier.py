@@ -22,6 +22,7 @@ Lifecycle (exclusive tiers: a page is on the device or on the host, not both)::
     match           -> take(ns, tokens, p)    -> host pages to load (caller copies host -> device,
                                                   then release(pages))
     host full       -> LRU host pages of any namespace are dropped (scrubbed)
+    ns over quota   -> ns's own LRU host pages are dropped (scrubbed): set_quota
     flush(ns)/reset -> every host page of ns is dropped (scrubbed)
 
 Every page leaving the tier goes through ``scrub_fn`` before it can be handed
@@ -74,7 +75,9 @@ class HostTier:
         self._free: list[int] = list(range(capacity_pages - 1, -1, -1))
         """Free host page ids (pop from the end)."""
         self._index: dict[str, dict[bytes, int]] = {}
-        """namespace -> prefix digest -> host page."""
+        """namespace -> prefix digest -> host page, in the namespace's LRU order (least recent first)."""
+        self._quota: dict[str, int] = {}
+        """namespace -> most tokens it may hold on the host (absent: no cap but the host's size)."""
         self._owner: dict[int, tuple[str, bytes]] = {}
         """host page -> (owner namespace, digest): the owner tag, checked on every lookup."""
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -84,7 +87,7 @@ class HostTier:
         self.violations = 0
         """Owner-tag mismatches seen on lookup (each one served as a miss)."""
         self.dropped_pages = 0
-        """Host pages dropped to make room (LRU), all namespaces."""
+        """Host pages dropped to make room (global LRU) or to keep a namespace under its quota (its own LRU)."""
 
     # ----------------------------------------------------------------------------------------------- public API
 
@@ -105,8 +108,11 @@ class HostTier:
             page = index.get(digests[i])
             if page is not None:
                 self._lru.move_to_end(page)
+                index[digests[i]] = index.pop(digests[i])  # to the end of the namespace's LRU order
                 placed.add(page)
                 continue
+            if not self._within_quota(ns, placed):
+                break
             page = self._alloc(placed)
             if page is None:
                 break
@@ -176,6 +182,18 @@ class HostTier:
         for ns in list(self._index):
             self.flush(ns)
 
+    def set_quota(self, ns: str, tokens: int | None) -> None:
+        """Cap ``ns``'s host residency at ``tokens`` (None: no cap); its own LRU pages above it are dropped now."""
+        if tokens is None:
+            self._quota.pop(ns, None)
+            return
+        if tokens < 0:
+            raise ValueError(f"quota must be None or >= 0, got {tokens!r}")
+        self._quota[ns] = tokens
+        index = self._index.get(ns, {})
+        while index and self.stats(ns).resident_tokens > tokens:
+            self._drop(next(iter(index.values())))
+
     def holds(self, ns: str) -> bool:
         """Whether ``ns`` has any page on the host."""
         return bool(self._index.get(ns))
@@ -196,6 +214,8 @@ class HostTier:
         assert len(self._free) + len(indexed) == self.capacity_pages, f"{len(self._free)=} {len(indexed)=}"
         for ns, idx in self._index.items():
             assert self.stats(ns).resident_tokens == len(idx) * self.page_size, f"{ns=} {self.stats(ns)=}"
+            quota = self._quota.get(ns)
+            assert quota is None or len(idx) * self.page_size <= quota, f"{ns=} {quota=} {len(idx)=}"
 
     def chain(self, ns: str, tokens: Sequence[int], length: int) -> list[bytes]:
         """Digest of every whole page of ``tokens[:length]`` chained from ``ns`` (see module doc)."""
@@ -216,13 +236,30 @@ class HostTier:
             victim = next(iter(self._lru))
             if victim in keep:
                 return None
-            ns, digest = self._owner.pop(victim)
-            del self._index[ns][digest]
-            del self._lru[victim]
-            self._count(ns, resident=-self.page_size)
-            self.dropped_pages += 1
-            self._free_pages([victim])
+            self._drop(victim)
         return self._free.pop() if self._free else None
+
+    def _within_quota(self, ns: str, keep: set[int]) -> bool:
+        """Make room for one more page of ``ns`` under its quota (dropping its own LRU pages, never ``keep``)."""
+        quota = self._quota.get(ns)
+        if quota is None:
+            return True
+        index = self._index.get(ns, {})
+        while self.stats(ns).resident_tokens + self.page_size > quota:
+            victim = next(iter(index.values()), None)
+            if victim is None or victim in keep:
+                return False
+            self._drop(victim)
+        return True
+
+    def _drop(self, page: int) -> None:
+        """Remove an indexed page (host full or namespace over quota) and free it, scrubbed."""
+        ns, digest = self._owner.pop(page)
+        del self._index[ns][digest]
+        del self._lru[page]
+        self._count(ns, resident=-self.page_size)
+        self.dropped_pages += 1
+        self._free_pages([page])
 
     def _free_pages(self, pages: list[int]) -> None:
         if pages:

@@ -415,6 +415,8 @@ class TenantRadixCache(BasePrefixCache):
         if settings is not None:
             self.tree.set_quota(ns, settings.quota_tokens)
             self.tree.set_policy(ns, settings.policy)
+            if self.host is not None:
+                self.host.tier.set_quota(ns, settings.quota_tokens)  # NOTE: the same cap again on the host
         self._configured.add(ns)
 
     def _tensor(self, values: Any) -> torch.Tensor:

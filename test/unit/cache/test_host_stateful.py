@@ -86,6 +86,11 @@ class HostMachine(RuleBasedStateMachine):
         self.tier.flush(ns)
         assert self.tier.stats(ns).resident_tokens == 0
 
+    @rule(ns=st.sampled_from(NAMESPACES), quota=st.none() | st.integers(0, 4))
+    def set_host_quota(self, ns: str, quota: int | None) -> None:
+        self.tier.set_quota(ns, quota)
+        assert quota is None or self.tier.stats(ns).resident_tokens <= quota
+
     @invariant()
     def integrity(self) -> None:
         self.tree.check_integrity()

@@ -137,3 +137,25 @@ def test_digests_depend_on_namespace() -> None:
     assert t.chain(A, [1, 2, 3, 4], 4)[0] == t.chain(A, [1, 2, 9, 9], 4)[0]
     with pytest.raises(ValueError):
         HostTier(0, 1, lambda pages: None)
+
+
+def test_quota_drops_own_lru_pages_only(page_size: int) -> None:
+    host = Host(page_size, 16)
+    t = host.tier
+    b_path = array("q", seq(page_size, 7))
+    host.spill(B, b_path, (0,) * len(b_path))
+    t.set_quota(A, 2 * page_size)
+    first = array("q", seq(page_size, 1, 2))
+    host.spill(A, first, (0,) * len(first))
+    second = array("q", seq(page_size, 4, 5))
+    host.spill(A, second, (0,) * len(second))  # A is at its quota: its own oldest pages go, never B's
+    t.check_integrity()
+    assert t.stats(A).resident_tokens == 2 * page_size and len(t.lookup(A, second, 0)) == 2
+    assert t.lookup(A, first, 0) == [] and len(t.lookup(B, b_path, 0)) == 1
+    t.set_quota(A, page_size)  # lowering the cap trims at once
+    assert t.stats(A).resident_tokens == page_size
+    t.set_quota(A, 0)
+    assert t.put(A, first, 0) == [] and t.stats(A).resident_tokens == 0
+    t.set_quota(A, None)
+    assert len(t.put(A, first, 0)) == 2
+    t.check_integrity()
