@@ -107,7 +107,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     L3 file store when the launcher set its directory.
 
     Raises:
-        UnsupportedConfigError: L3 storage without a namespace secret.
+        UnsupportedConfigError: L3 storage without a namespace secret, or its directory cannot be created.
     """
     import math
     import os
@@ -138,9 +138,12 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     )
     fingerprint = model_fingerprint(str(server_args.model_path), layout)
     resolver = cache.resolver
-    cache.host.l3 = FileL3Store(
-        directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
-    )
+    try:
+        cache.host.l3 = FileL3Store(
+            directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+        )
+    except OSError as exc:
+        raise UnsupportedConfigError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
     logger.info("sglang-iso: L3 file store attached (page files keyed by the namespace secret)")
 
 
