@@ -55,6 +55,39 @@ class HostStats(NamedTuple):
     """Tokens loaded back to the device so far (hits served from the host)."""
 
 
+class LazyChain:
+    """Page digests of ``tokens`` in namespace ``ns`` (see module doc), computed in order on first access.
+
+    NOTE: a lookup usually stops at the first miss, so a cold prompt costs one digest, not one per page.
+    """
+
+    def __init__(self, ns: str, tokens: Sequence[int], page_size: int) -> None:
+        self._key = tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+        self._page_size = page_size
+        self._pages = len(tokens) // page_size
+        self._out: list[bytes] = []
+        self._prev = hashlib.blake2b(_SEED_TAG + ns.encode(), digest_size=_DIGEST_BYTES).digest()
+
+    def __len__(self) -> int:
+        return self._pages
+
+    def __getitem__(self, i: int) -> bytes:
+        if not 0 <= i < self._pages:
+            raise IndexError(i)
+        ps = self._page_size
+        while len(self._out) <= i:
+            pos = len(self._out) * ps
+            self._prev = hashlib.blake2b(
+                self._prev + self._key[pos : pos + ps].tobytes(), digest_size=_DIGEST_BYTES
+            ).digest()
+            self._out.append(self._prev)
+        return self._out[i]
+
+
+Digests = list[bytes] | LazyChain
+"""Page digests as :meth:`HostTier.chain` or :meth:`HostTier.lazy_chain` give them."""
+
+
 class HostTier:
     """Host page index per namespace. Not thread-safe; call from the scheduler thread."""
 
@@ -124,18 +157,19 @@ class HostTier:
             out.append((i * self.page_size, page))
         return out
 
-    def lookup(self, ns: str, tokens: Sequence[int], start: int, digests: list[bytes] | None = None) -> list[int]:
+    def lookup(self, ns: str, tokens: Sequence[int], start: int, digests: Digests | None = None) -> list[int]:
         """Host pages holding ``tokens[start:]`` page by page in ``ns`` (stops at the first miss).
 
-        ``digests``: ``chain(ns, tokens, ...)`` when the caller already has it.
+        ``digests``: ``chain``/``lazy_chain`` of ``ns`` and ``tokens`` when the caller already has it.
         """
         if start % self.page_size or not self._index.get(ns):
             return []
         if digests is None:
-            digests = self.chain(ns, tokens, len(tokens) - len(tokens) % self.page_size)
+            digests = self.lazy_chain(ns, tokens)
         index = self._index[ns]
         out: list[int] = []
-        for digest in digests[start // self.page_size :]:
+        for i in range(start // self.page_size, len(digests)):
+            digest = digests[i]
             page = index.get(digest)
             if page is None:
                 break
@@ -147,7 +181,7 @@ class HostTier:
             out.append(page)
         return out
 
-    def take(self, ns: str, tokens: Sequence[int], start: int, digests: list[bytes] | None = None) -> list[int]:
+    def take(self, ns: str, tokens: Sequence[int], start: int, digests: Digests | None = None) -> list[int]:
         """Like :meth:`lookup`, and unindex the pages found: the caller copies them, then :meth:`release`."""
         pages = self.lookup(ns, tokens, start, digests)
         index = self._index.get(ns, {})
@@ -217,16 +251,14 @@ class HostTier:
             quota = self._quota.get(ns)
             assert quota is None or len(idx) * self.page_size <= quota, f"{ns=} {quota=} {len(idx)=}"
 
+    def lazy_chain(self, ns: str, tokens: Sequence[int]) -> LazyChain:
+        """:meth:`chain` over every whole page of ``tokens``, each digest computed on first access."""
+        return LazyChain(ns, tokens, self.page_size)
+
     def chain(self, ns: str, tokens: Sequence[int], length: int) -> list[bytes]:
         """Digest of every whole page of ``tokens[:length]`` chained from ``ns`` (see module doc)."""
-        prev = hashlib.blake2b(_SEED_TAG + ns.encode(), digest_size=_DIGEST_BYTES).digest()
-        key = tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens[:length])
-        out: list[bytes] = []
-        ps = self.page_size
-        for pos in range(0, length - length % ps, ps):
-            prev = hashlib.blake2b(prev + key[pos : pos + ps].tobytes(), digest_size=_DIGEST_BYTES).digest()
-            out.append(prev)
-        return out
+        lazy = LazyChain(ns, tokens[:length], self.page_size)
+        return [lazy[i] for i in range(len(lazy))]
 
     # ---------------------------------------------------------------------------------------------- private
 

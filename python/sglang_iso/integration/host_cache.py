@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from sglang_iso.cache.host_tier import HostTier
+from sglang_iso.cache.host_tier import Digests, HostTier
 from sglang_iso.integration.l3_store import FileL3Store, page_payload, payload_rows
 from sglang_iso.integration.scrub import kv_buffers
 
@@ -137,7 +137,7 @@ class HostCache:
             return 0  # NOTE: the common cases (full device hit, nothing spilled) cost no hashing
         if tree.shared_route(ns, tokens[:start]) is not None:
             return 0
-        digests = self.tier.chain(ns, tokens, aligned)
+        digests = self.tier.lazy_chain(ns, tokens)
         n_host = len(self.tier.lookup(ns, tokens, start, digests))
         stored = self._read_l3(ns, digests, start // self.page_size + n_host)
         if not n_host and not stored:
@@ -245,13 +245,13 @@ class HostCache:
             if self.l3.write(ns, digests[i], page_payload(self.device_buffers, page)):
                 self._bump(ns, "l3_written_tokens", self.page_size)
 
-    def _read_l3(self, ns: str, digests: list[bytes], first_page: int) -> list[bytes]:
+    def _read_l3(self, ns: str, digests: Digests, first_page: int) -> list[bytes]:
         """Authentic L3 payloads of ``ns``'s pages from ``first_page`` on, up to the first miss."""
         if self.l3 is None:
             return []
         out: list[bytes] = []
-        for digest in digests[first_page:]:
-            payload = self.l3.read(ns, digest)
+        for i in range(first_page, len(digests)):
+            payload = self.l3.read(ns, digests[i])
             if payload is None:
                 break
             out.append(payload)

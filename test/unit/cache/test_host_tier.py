@@ -159,3 +159,13 @@ def test_quota_drops_own_lru_pages_only(page_size: int) -> None:
     t.set_quota(A, None)
     assert len(t.put(A, first, 0)) == 2
     t.check_integrity()
+
+
+def test_lazy_chain_matches_the_eager_one() -> None:
+    t = HostTier(2, 1, lambda pages: None)
+    tokens = [3, 1, 4, 1, 5, 9, 2]
+    lazy = t.lazy_chain(A, tokens)
+    assert len(lazy) == 3 and lazy[2] == t.chain(A, tokens, 6)[2]  # out of order: computes the prefix first
+    assert [lazy[i] for i in range(3)] == t.chain(A, tokens, 6)
+    with pytest.raises(IndexError):
+        lazy[3]
