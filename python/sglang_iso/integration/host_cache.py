@@ -27,8 +27,8 @@ load-back path is never entered (``host_hit_length`` is always 0).
 
 L3 (:mod:`sglang_iso.integration.l3_store`): with ``--hicache-storage-backend
 file`` (taken over by the launcher, see :mod:`sglang_iso.server.hicache_args`)
-every page spilled to the host is also written through to a page file named by
-a secret-keyed MAC; a match continues host pages with file pages of the same
+every page evicted from the device is also written to a page file (unless one
+exists) named by a secret-keyed MAC; a match continues host pages with file pages of the same
 namespace. Not covered (refused at start, see :func:`uncovered_hicache_features`):
 SGLang's own storage backends, host memory mode ``buffer_only``.
 Entries under operator-shared prefixes are not spilled (they are dropped, as
