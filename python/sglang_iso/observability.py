@@ -50,6 +50,15 @@ def metrics() -> dict[str, Any] | None:
         "resident_tokens": Gauge(
             "sglang_iso:resident_tokens", "Cached tokens per tenant", ["tenant"], multiprocess_mode="livesum"
         ),
+        "host_resident_tokens": Gauge(
+            "sglang_iso:host_resident_tokens",
+            "Tokens per tenant in the host tier (L2)",
+            ["tenant"],
+            multiprocess_mode="livesum",
+        ),
+        "tier_loaded_tokens": Counter(
+            "sglang_iso:tier_loaded_tokens", "Tokens loaded back to the device per tenant", ["tenant", "tier"]
+        ),
         "quota_tokens": Gauge(
             "sglang_iso:quota_tokens", "Resident-token quota per namespace", ["tenant"], multiprocess_mode="livemax"
         ),

@@ -243,27 +243,19 @@ class TenantRadixTree(TreeCore):
         """
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        freed = 0
-        stuck: set[str] = set()
-        while freed < num_tokens:
-            over = [
-                (st.resident - st.quota, ns)
-                for ns in self._quota_ns
-                if (st := self._ns[ns]).quota is not None
-                and st.resident > st.quota
-                and st.evictable > 0
-                and ns not in stuck
-            ]
-            if not over:
-                break
-            excess, ns = max(over)
-            got = self._evict_lru(min(excess, num_tokens - freed), ns)
-            if got == 0:
-                stuck.add(ns)
-            freed += got
-        if freed < num_tokens:
-            freed += self._evict_lru(num_tokens - freed, None)
-        return freed
+        self._spilling = True
+        try:
+            return self._evict_pressure(num_tokens)
+        finally:
+            self._spilling = False
+
+    def set_spill(self, spill_fn: Callable[[str, array, tuple[int, ...]], None] | None) -> None:
+        """Have ``evict`` hand each evicted private leaf to ``spill_fn(owner, path, slots)`` before freeing it.
+
+        ``path`` is every token from the namespace root to the leaf's end; ``slots`` hold its last
+        ``len(slots)`` tokens and are freed right after the call. Flush, quota and reset do not spill.
+        """
+        self._spill_fn = spill_fn
 
     def flush(self, ns: str) -> int:
         """Release all unlocked entries of ``ns``; returns tokens released through ``free_fn``.
@@ -351,3 +343,26 @@ class TenantRadixTree(TreeCore):
             self._evict_lru(state.resident - state.quota, ns)
         finally:
             self.dec_lock(fresh)
+
+    def _evict_pressure(self, num_tokens: int) -> int:
+        freed = 0
+        stuck: set[str] = set()
+        while freed < num_tokens:
+            over = [
+                (st.resident - st.quota, ns)
+                for ns in self._quota_ns
+                if (st := self._ns[ns]).quota is not None
+                and st.resident > st.quota
+                and st.evictable > 0
+                and ns not in stuck
+            ]
+            if not over:
+                break
+            excess, ns = max(over)
+            got = self._evict_lru(min(excess, num_tokens - freed), ns)
+            if got == 0:
+                stuck.add(ns)
+            freed += got
+        if freed < num_tokens:
+            freed += self._evict_lru(num_tokens - freed, None)
+        return freed

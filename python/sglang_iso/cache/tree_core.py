@@ -112,6 +112,11 @@ class TreeCore:
         """Logical LRU clock, +1 per match/insert."""
         self._violations = 0
         """Isolation violations detected, all namespaces."""
+        self._spill_fn: Callable[[str, array, tuple[int, ...]], None] | None = None
+        """Called with (owner, token path from the root, slots of the path's tail) for each private leaf evicted
+        under device pressure, before its slots are freed (the host tier copies them out); see ``set_spill``."""
+        self._spilling = False
+        """True only inside ``evict``: flush, quota and reset never spill."""
 
     def _check_ns(self, ns: str, *, allow_shared: bool) -> None:
         if not isinstance(ns, str) or not ns:
@@ -404,6 +409,8 @@ class TreeCore:
         state.evictable -= len(node.value)
         state.evicted_tokens += len(node.value)
         self._resident.difference_update(node.value)
+        if self._spilling and self._spill_fn is not None:
+            self._spill(node, parent)
         self._free_fn(list(node.value))
         if not isinstance(parent, RootNode):
             if parent.children or parent.lock_ref:
@@ -413,3 +420,21 @@ class TreeCore:
         if parent.kind == "cont" and not parent.children:
             return self._refresh_shared_leaves(parent)
         return []
+
+    def _spill(self, node: TreeNode, parent: TreeNode) -> None:
+        """Hand an evicted private leaf's path and slots to ``_spill_fn`` (nodes under shared roots are not spilled)."""
+        parts = [node.key]
+        walk: TreeNode | None = parent
+        while walk is not None and not isinstance(walk, RootNode):
+            parts.append(walk.key)
+            walk = walk.parent
+        if not (isinstance(walk, RootNode) and walk.kind == "private"):
+            return
+        path = array("q")
+        for part in reversed(parts):
+            path.extend(part)
+        assert self._spill_fn is not None
+        try:
+            self._spill_fn(node.owner, path, tuple(node.value))
+        except Exception:  # NOTE: a failed write-back loses a cache entry, never the eviction itself
+            logger.exception("sglang-iso: host write-back failed; the evicted entry is dropped")

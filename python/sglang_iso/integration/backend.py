@@ -50,8 +50,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     Raises:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
-        UnsupportedConfigError: hybrid (SWA/Mamba) models, hierarchical cache or
-            speculative decoding with a draft model, which the tenant tree does not cover.
+        UnsupportedConfigError: hybrid (SWA/Mamba) models, speculative decoding with a draft model or
+            hierarchical-cache features (L3 storage backends other than file), which the tenant tree does not cover.
     """
     missing = [t for t in REQUIRED_HOOK_TARGETS if t not in HookRegistry._patched]
     if missing:
@@ -59,13 +59,16 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     unsupported = {
         "hybrid SWA model": ctx.is_hybrid_swa,
         "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
-        "--enable-hierarchical-cache": ctx.enable_hierarchical_cache,
         "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
     }
     found = [name for name, on in unsupported.items() if on]
     spec = uncovered_speculative(getattr(ctx.server_args, "speculative_algorithm", None))
     if spec is not None and not found:
         found.append(spec)
+    if ctx.enable_hierarchical_cache:
+        from sglang_iso.integration.host_cache import uncovered_hicache_features
+
+        found += uncovered_hicache_features(ctx.server_args)
     if found:
         raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {', '.join(found)}")
     config = tenants_config()
@@ -82,6 +85,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
 
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
+    if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
+        _attach_host_tier(cache, ctx, config.secret if config is not None else None)
     if owner_check_mode() == "on" and not cache.disable:
         uncovered = uncovered_features(ctx.server_args)
         if uncovered:
@@ -99,6 +104,51 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
+
+
+def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:
+    """Give the tree a per-namespace host (L2) tier sized by ``--hicache-ratio`` / ``--hicache-size``, and the
+    L3 file store when the launcher set its directory.
+
+    Raises:
+        UnsupportedConfigError: L3 storage without a namespace secret, or its directory cannot be created.
+    """
+    import math
+    import os
+
+    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
+    from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
+    from sglang_iso.integration.scrub import kv_buffers
+    from sglang_iso.server.hicache_args import L3_DIR_ENV
+
+    server_args = ctx.server_args
+
+    allocator = cache.token_to_kv_pool_allocator
+    buffers = kv_buffers(allocator.get_kvcache())
+    per_token = sum(b.element_size() * math.prod(b.shape[1:]) for b in buffers)
+    capacity = host_capacity_tokens(server_args, int(allocator.size), per_token)
+    cache.host = cache.token_to_kv_pool_host = HostCache(cache, capacity)
+    cache.tree.set_spill(cache.host.spill)
+    logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
+    directory = os.environ.get(L3_DIR_ENV)
+    if not directory:
+        return
+    if not secret:
+        raise UnsupportedConfigError(
+            "sglang-iso: L3 storage needs --tenants-file (its namespace secret keys the store)"
+        )
+    layout = f"page={cache.page_size};tp={ctx.tp_rank}/{ctx.tp_size};" + ";".join(
+        f"{b.dtype}{tuple(b.shape[1:])}" for b in buffers
+    )
+    fingerprint = model_fingerprint(str(server_args.model_path), layout)
+    resolver = cache.resolver
+    try:
+        cache.host.l3 = FileL3Store(
+            directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+        )
+    except OSError as exc:
+        raise UnsupportedConfigError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
+    logger.info("sglang-iso: L3 file store attached (page files keyed by the namespace secret)")
 
 
 def _server_tokenizer(server_args: Any) -> Any:

@@ -238,6 +238,11 @@ class OwnerTable:
         self.allowed[slot] = values.to(self.allowed.device)
         self._allowed_rows.add(slot)
 
+    def mark_owned(self, indices: list[int], namespace: str) -> None:
+        """Pages the cache filled without a forward (host load-back) belong to ``namespace``'s slot."""
+        pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
+        self.page_owner[pages.to(self.page_owner.device)] = self.slot_of(namespace)
+
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)

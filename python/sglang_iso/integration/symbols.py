@@ -344,6 +344,48 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         (),
         "the CPU LoRA backend the launcher selects; its module is unpinned by platform/lora_cpu.py",
     ),
+    # Host (L2) tier, --enable-hierarchical-cache (integration/host_cache.py).
+    HookedSymbol(
+        "sglang.srt.server_args:ServerArgs",
+        ("enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_storage_backend"),
+        "sizes the host tier; L3 storage is refused",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.check_hicache_events",
+        ("self",),
+        "called each scheduler step with HiCache on; a no-op for the synchronous host tier",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.ready_to_load_host_cache",
+        ("self",),
+        "called per prefill batch with HiCache on; -1 (no asynchronous load-back)",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.__init__",
+        ("self", "pin_memory"),
+        "upstream HiCache on CPU (benchmark baseline): platform/hicache_cpu.py forces pin_memory=False and adds "
+        "the module's transfer_kv_direct",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler_components.metrics_reporter:SchedulerMetricsReporter._log_hicache_stats",
+        ("self",),
+        "with --enable-metrics reads tree_cache.token_to_kv_pool_host.logical_size and available_size()",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler.clear_hicache_storage_wrapped",
+        ("self", "recv_req"),
+        "calls tree_cache.clear_storage_backend(): L3 pages become unreachable",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.alloc",
+        ("self", "need_size"),
+        "device slots for pages loaded back from the host",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.available_size",
+        ("self",),
+        "evict before a host load-back only when the pool is short",
+    ),
 )
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.

@@ -102,6 +102,13 @@ class TenantRadixCache(BasePrefixCache):
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
+        self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
+        self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
+        # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies
+        # synchronously, so nothing is ever in flight.
+        self.ongoing_write_through: dict[int, Any] = {}
+        self.ongoing_load_back: dict[int, Any] = {}
+        self.enable_storage = False
         self._exported: dict[str, int] = {}  # counter values already exported to metrics / audit
         self._last_export = 0.0
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -112,6 +119,8 @@ class TenantRadixCache(BasePrefixCache):
     def reset(self) -> None:
         """Drop every entry (their slots go back through the release path)."""
         self.tree.reset()
+        if self.host is not None:
+            self.host.reset()
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached prefix of ``params.key`` in the key's own namespace."""
@@ -119,7 +128,10 @@ class TenantRadixCache(BasePrefixCache):
         ns = self._namespace(key)
         if self.disable or ns is None or len(key) < self.page_size:
             return self._miss()
-        found = self.tree.match(ns, key.token_ids[: len(key)])
+        tokens = key.token_ids[: len(key)]
+        found = self.tree.match(ns, tokens)
+        if self.host is not None and self.host.load_back(ns, tokens, found):
+            found = self.tree.match(ns, tokens)
         self._maybe_export()
         if found.prefix_len == 0:
             return self._miss()
@@ -239,6 +251,18 @@ class TenantRadixCache(BasePrefixCache):
     def take_events(self) -> list[Any]:
         return []
 
+    def check_hicache_events(self) -> None:
+        return None  # the host tier has no asynchronous transfers to acknowledge
+
+    def ready_to_load_host_cache(self) -> int:
+        return -1  # no asynchronous load-back: host hits are already on the device when matched
+
+    def clear_storage_backend(self) -> bool:
+        """SGLang's ``/clear_hicache_storage_backend``: every L3 page becomes unreachable."""
+        if self.host is not None:
+            self.host.forget_owner("*")
+        return True
+
     # ------------------------------------------------------------------------------------------ sglang-iso API
 
     def iso_status(self) -> dict[str, Any]:
@@ -259,6 +283,7 @@ class TenantRadixCache(BasePrefixCache):
             "owner_violations": 0,
             **({} if self.owners is None else self.owners.status()),
             **({} if self.scrubber is None else self.scrubber.status()),
+            **({} if self.host is None else self.host.status()),
         }
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:
@@ -294,6 +319,8 @@ class TenantRadixCache(BasePrefixCache):
                 ("violations", st.violations),
             ):
                 row[field] = int(row[field] or 0) + int(value)
+            for field, value in (self.host.ns_stats(ns) if self.host is not None else {}).items():
+                row[field] = int(row.get(field) or 0) + value
         return out
 
     def readable_shared(self, ns: str | None) -> list[str]:
@@ -310,13 +337,19 @@ class TenantRadixCache(BasePrefixCache):
 
     def flush_owner(self, owner: str) -> int:
         """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
+        if self.host is not None:
+            self.host.forget_owner(owner)
         return sum(
-            self.tree.flush(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
+            self._flush_ns(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
         )
 
     def flush_adapter(self, lora_id: str) -> int:
         """Drop every unlocked entry computed with adapter load ``lora_id``; returns tokens released."""
-        return sum(self.tree.flush(ns) for ns in list(self._configured) if self.resolver.adapter_of(ns) == lora_id)
+        return sum(self._flush_ns(ns) for ns in list(self._configured) if self.resolver.adapter_of(ns) == lora_id)
+
+    def _flush_ns(self, ns: str) -> int:
+        """Drop ``ns``'s unlocked device entries and all its host pages (scrubbed); returns tokens released."""
+        return self.tree.flush(ns) + (self.host.flush(ns) if self.host is not None else 0)
 
     # ------------------------------------------------------------------------------------------ private
 
@@ -334,6 +367,12 @@ class TenantRadixCache(BasePrefixCache):
             if m is not None:
                 m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
                 m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
+                if "host_resident_tokens" in row:
+                    m["host_resident_tokens"].labels(tenant=owner).set(row["host_resident_tokens"] or 0)
+                for tier in ("host", "l3"):
+                    loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
+                    if loaded:
+                        m["tier_loaded_tokens"].labels(tenant=owner, tier=tier).inc(loaded)
             for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
                 delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
                 if delta and m is not None:
@@ -376,6 +415,8 @@ class TenantRadixCache(BasePrefixCache):
         if settings is not None:
             self.tree.set_quota(ns, settings.quota_tokens)
             self.tree.set_policy(ns, settings.policy)
+            if self.host is not None:
+                self.host.tier.set_quota(ns, settings.quota_tokens)  # NOTE: the same cap again on the host
         self._configured.add(ns)
 
     def _tensor(self, values: Any) -> torch.Tensor:

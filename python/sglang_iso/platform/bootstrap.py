@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 
-from sglang_iso.platform import cpu, lora_cpu
+from sglang_iso.platform import cpu, hicache_cpu, lora_cpu
 
 
 def apply() -> None:
     """Apply the platform shims this process needs. Idempotent."""
     cpu.apply()
     lora_cpu.apply()
+    hicache_cpu.apply()
 
 
 def cuda_available() -> bool:

@@ -137,6 +137,13 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         added += pool
         env_added += _cpu_bind_default(sglang_argv, env or {})
     _refuse_uncovered(sglang_argv)
+    from sglang_iso.server.hicache_args import plan_hicache
+
+    sglang_argv, hicache_added, hicache_env = plan_hicache(
+        sglang_argv, cuda_available=cuda_available, tenants_file=ours.tenants_file, env=env or {}
+    )
+    added += hicache_added
+    env_added += hicache_env
     if ours.kv_owner_check == "on":
         _refuse_owner_check_gaps(sglang_argv)
     if ours.tenants_file is not None:

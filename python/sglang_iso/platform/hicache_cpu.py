@@ -1,0 +1,110 @@
+"""CPU compatibility for SGLang's own hierarchical cache (the upstream baseline; the tenant cache has its own tiers).
+
+Upstream HiCache (``UnifiedRadixCache`` + ``HiCacheController``) serves on CPU
+with ``--hicache-io-backend direct --hicache-mem-layout layer_first`` once two
+things are shimmed, only on a machine without CUDA (:func:`cpu.should_apply`):
+
+* the MHA host pool is built with ``pin_memory=False`` (a CPU-only torch has no
+  pinned allocator);
+* ``transfer_kv_direct``, which ``pool_host/mha.py`` imports from
+  ``sgl_kernel.kvcacheio`` on CUDA/HIP/XPU only, gets a torch path
+  (``index_select`` + ``index_copy_`` per layer buffer).
+
+Applied when ``sglang.srt.mem_cache.pool_host.mha`` is imported (a
+``sys.meta_path`` finder), so applying costs no import time; nothing on disk
+changes. sglang-iso's benchmark uses it to run upstream HiCache side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from sglang_iso.platform import cpu
+
+logger = logging.getLogger(__name__)
+
+HOST_POOL_MODULE = "sglang.srt.mem_cache.pool_host.mha"
+_applied = False
+
+
+def apply() -> bool:
+    """Install the shims (now, or when the host pool module is imported). Idempotent; False with CUDA."""
+    global _applied
+    if _applied:
+        return True
+    if not cpu.should_apply():
+        return False
+    module = sys.modules.get(HOST_POOL_MODULE)
+    if module is not None:
+        patch_module(module)
+    else:
+        sys.meta_path.insert(0, _PatchAfterImport())
+    _applied = True
+    return True
+
+
+def transfer_kv_direct(
+    src_layers: Sequence[Any], dst_layers: Sequence[Any], src_indices: Any, dst_indices: Any, page_size: int
+) -> None:
+    """``dst[dst_indices] = src[src_indices]`` for each (src, dst) buffer pair; indices are token slots."""
+    del page_size  # token indices already cover whole pages
+    for src, dst in zip(src_layers, dst_layers, strict=True):
+        rows = src.index_select(0, src_indices.to(src.device))
+        dst.index_copy_(0, dst_indices.to(dst.device), rows.to(dst.device))
+
+
+def patch_module(module: types.ModuleType) -> None:
+    """Give ``pool_host/mha.py`` the torch transfer and unpinned host pools (no-op if already done)."""
+    if not hasattr(module, "transfer_kv_direct"):
+        module.transfer_kv_direct = transfer_kv_direct  # type: ignore[attr-defined]
+    pool = getattr(module, "MHATokenToKVPoolHost", None)
+    if pool is None or getattr(pool.__init__, "__sglang_iso_unpinned__", False):
+        return
+    original = pool.__init__
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["pin_memory"] = False  # NOTE: no pinned allocator without CUDA
+        original(self, *args, **kwargs)
+
+    __init__.__sglang_iso_unpinned__ = True  # type: ignore[attr-defined]
+    pool.__init__ = __init__
+    logger.debug("sglang-iso: HiCache host pool unpinned and given a torch transfer_kv_direct")
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != HOST_POOL_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._inner.exec_module(module)
+        patch_module(module)

@@ -1,0 +1,90 @@
+"""Launcher rules for the hierarchical cache (``--enable-hierarchical-cache``) with the tenant cache.
+
+The host tier (L2) and L3 file store are the tenant cache's own
+(:mod:`sglang_iso.integration.host_cache`), so SGLang's storage backends must
+never run: ``--hicache-storage-backend file`` is taken out of SGLang's
+arguments and handed to the scheduler as :data:`L3_DIR_ENV` (the directory:
+upstream's ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``, else ``/tmp/hicache``).
+Other backends are refused, and so is L3 without ``--tenants-file`` (its
+namespace secret keys the store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+L3_DIR_ENV = "SGLANG_ISO_L3_DIR"
+"""Set by the launcher, read by the scheduler's cache factory: the L3 file store's directory."""
+UPSTREAM_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+DEFAULT_DIR = "/tmp/hicache"
+STORAGE_FLAG = "--hicache-storage-backend"
+# NOTE: layer_first / direct keep SGLang from preparing page-first transfer staging for a host pool that the
+# tenant cache never builds (it keeps its own host buffers).
+CPU_HICACHE_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("--hicache-io-backend", "direct"),
+    ("--hicache-mem-layout", "layer_first"),
+)
+
+
+def plan_hicache(
+    argv: Sequence[str], *, cuda_available: bool, tenants_file: str | None, env: dict[str, str]
+) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+    """Returns (SGLang argv, flags added, environment added).
+
+    Raises:
+        ValueError: a storage backend other than ``file``, L3 without ``--enable-hierarchical-cache`` or
+            without ``--tenants-file``.
+    """
+    out = list(argv)
+    added: list[str] = []
+    env_added: list[tuple[str, str]] = []
+    enabled = _has(out, "--enable-hierarchical-cache")
+    backend = _value(out, STORAGE_FLAG)
+    if backend is not None:
+        if not enabled:
+            raise ValueError(f"{STORAGE_FLAG} needs --enable-hierarchical-cache")
+        if backend != "file":
+            raise ValueError(
+                f"{STORAGE_FLAG} {backend!r} is not supported by sglang-iso: only 'file' (a namespaced, "
+                "secret-keyed page store); Mooncake, 3FS, NIXL and the others key pages by client fields"
+            )
+        if tenants_file is None:
+            raise ValueError(f"{STORAGE_FLAG} file needs --tenants-file: its namespace secret keys the store")
+        out = _without(out, STORAGE_FLAG)
+        directory = env.get(UPSTREAM_DIR_ENV) or DEFAULT_DIR
+        env_added.append((L3_DIR_ENV, str(Path(directory).resolve())))
+    if enabled and not cuda_available:
+        for flag, value in CPU_HICACHE_DEFAULTS:
+            if not _has(out, flag):
+                out += [flag, value]
+                added += [flag, value]
+    return out, added, env_added
+
+
+def _has(argv: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _value(argv: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _without(argv: Sequence[str], flag: str) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == flag:
+            skip = True
+            continue
+        if not a.startswith(flag + "="):
+            out.append(a)
+    return out

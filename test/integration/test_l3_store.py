@@ -1,0 +1,170 @@
+"""L3 page files: names reveal nothing, keys come from the verified namespace and the secret, restarts hit.
+
+Real SGLang pools (CPU) and our tenant cache. A "restart" is a new cache with
+new pools over the same directory: tenant A's evicted prefix must come back
+from the files with exactly its KV (positive control), tenant B must get
+nothing, and a new secret, a new model fingerprint or a flush must make the
+old files unreachable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+from sglang_iso.integration.host_cache import HostCache
+from sglang_iso.integration.l3_store import FileL3Store
+from test.integration.test_host_cache import cached, k_values, store
+from test.integration.test_scrub import make
+
+SECRET = b"s" * 32
+FINGERPRINT = b"model-1"
+TOKENS = list(range(500, 516))
+
+
+def with_l3(page_size: int, directory: Path, *, secret: bytes = SECRET, fingerprint: bytes = FINGERPRINT) -> tuple:
+    cache, allocator, kv = make(page_size)
+    cache.host = HostCache(cache, 8 * page_size)
+    cache.host.l3 = FileL3Store(directory, secret, fingerprint, cache.host.page_bytes)
+    cache.tree.set_spill(cache.host.spill)
+    return cache, allocator, kv
+
+
+def evicted_by_a(page_size: int, directory: Path) -> list[float]:
+    """A first server: A's prompt is computed, evicted (host + files); returns its K values."""
+    cache, allocator, kv = with_l3(page_size, directory)
+    original = k_values(kv, store(cache, allocator, kv, TOKENS, "tenant-a"))
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    assert cache.host.l3 is not None and cache.host.l3.written_pages == len(TOKENS) // page_size
+    return original
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_restart_hits_from_files_for_the_same_namespace_only(page_size: int, tmp_path: Path) -> None:
+    original = evicted_by_a(page_size, tmp_path)
+    cache, _, kv = with_l3(page_size, tmp_path)  # "restart": empty device and host, same secret and directory
+    assert cached(cache, TOKENS, "tenant-b").device_prefix_len == 0
+    hit = cached(cache, TOKENS, "tenant-a")
+    assert hit.device_prefix_len == len(TOKENS)  # positive control
+    assert k_values(kv, cache.path_device_indices(hit.last_device_node)) == original
+    row = cache.tenant_stats()["open"]
+    assert row["l3_loaded_tokens"] == len(TOKENS)
+    assert cache.check_integrity()
+
+
+def test_file_names_reveal_nothing(tmp_path: Path) -> None:
+    evicted_by_a(4, tmp_path)
+    names = [p.name for p in tmp_path.iterdir()]
+    pages = [n for n in names if n.endswith(".kv")]
+    assert len(pages) == 4
+    for name in pages:
+        stem = name.removesuffix(".kv")
+        assert len(stem) == 64 and all(c in "0123456789abcdef" for c in stem)
+    joined = " ".join(names)
+    for secret_word in ("tenant", "open", "500", "model", "tmp"):
+        assert secret_word not in joined
+
+
+@pytest.mark.parametrize("change", ["secret", "fingerprint"])
+def test_new_secret_or_model_makes_old_files_unreachable(change: str, tmp_path: Path) -> None:
+    evicted_by_a(4, tmp_path)
+    kwargs = {"secret": b"t" * 32} if change == "secret" else {"fingerprint": b"model-2"}
+    cache, _, _ = with_l3(4, tmp_path, **kwargs)
+    assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0
+    control, _, _ = with_l3(4, tmp_path)
+    assert cached(control, TOKENS, "tenant-a").device_prefix_len == len(TOKENS)
+
+
+def test_flush_makes_files_unreachable_across_restarts(tmp_path: Path) -> None:
+    evicted_by_a(4, tmp_path)
+    cache, _, _ = with_l3(4, tmp_path)
+    cache.flush_owner("*")
+    assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0
+    again, _, _ = with_l3(4, tmp_path)
+    assert cached(again, TOKENS, "tenant-a").device_prefix_len == 0
+
+
+def test_tampered_file_is_a_counted_miss(tmp_path: Path) -> None:
+    evicted_by_a(4, tmp_path)
+    first = sorted(tmp_path.glob("*.kv"))
+    for path in first:
+        data = bytearray(path.read_bytes())
+        data[0] ^= 0xFF
+        path.write_bytes(bytes(data))
+    cache, _, _ = with_l3(4, tmp_path)
+    assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0
+    assert cache.host.l3.bad_files >= 1
+
+
+def test_store_contract(tmp_path: Path) -> None:
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 8)
+    assert st.write("ns-a", b"d1", b"12345678") and st.read("ns-a", b"d1") == b"12345678"
+    assert st.read("ns-b", b"d1") is None
+    with pytest.raises(ValueError):
+        st.write("ns-a", b"d2", b"short")
+    with pytest.raises(ValueError):
+        FileL3Store(tmp_path, b"", FINGERPRINT, 8)
+    (tmp_path / st._epochs_path.name).write_text("not json")
+    with pytest.raises(RuntimeError, match="epochs"):
+        FileL3Store(tmp_path, SECRET, FINGERPRINT, 8)
+
+
+def test_tenant_flush_covers_namespaces_not_seen_since_restart(tmp_path: Path) -> None:
+    def owner(ns: str) -> str:
+        return ns.split(":")[1]
+
+    first = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, owner)
+    for ns in ("t:acme:1", "t:acme:2", "t:globex:1"):
+        assert first.write(ns, b"d", b"kvkv")
+    FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, owner).flush("owner:acme")  # a restart, then an admin flush
+    later = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, owner)
+    assert later.read("t:acme:1", b"d") is None and later.read("t:acme:2", b"d") is None
+    assert later.read("t:globex:1", b"d") == b"kvkv"  # control: another tenant keeps its pages
+
+
+def test_reset_and_clear_storage_make_files_unreachable(tmp_path: Path) -> None:
+    # /flush_cache and weight updates reset the cache: KV computed before must not come back from the files.
+    for action in ("reset", "clear_storage_backend"):
+        evicted_by_a(4, tmp_path)
+        cache, _, _ = with_l3(4, tmp_path)
+        getattr(cache, action)()
+        assert cached(cache, TOKENS, "tenant-a").device_prefix_len == 0, action
+
+
+def test_concurrent_flushes_from_two_ranks_are_both_kept(tmp_path: Path) -> None:
+    rank0 = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)
+    rank1 = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)  # another process over the same directory
+    for ns in ("ns-a", "ns-b"):
+        assert rank0.write(ns, b"d", b"kvkv")
+    rank0.flush("ns:ns-a")
+    rank1.flush("ns:ns-b")  # must not write back its stale view without ns-a's bump
+    after = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4)
+    assert after.read("ns-a", b"d") is None and after.read("ns-b", b"d") is None
+
+
+def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from sglang_iso.integration.backend import UnsupportedConfigError, _attach_host_tier
+    from sglang_iso.server.hicache_args import L3_DIR_ENV
+
+    ctx = SimpleNamespace(
+        server_args=SimpleNamespace(hicache_ratio=2.0, hicache_size=0, model_path=str(tmp_path)), tp_rank=0, tp_size=1
+    )
+    cache, _, _ = make(4)
+    monkeypatch.delenv(L3_DIR_ENV, raising=False)
+    _attach_host_tier(cache, ctx, SECRET)  # type: ignore[arg-type]
+    assert cache.host is not None and cache.host.l3 is None and cache.host.logical_size == 2 * 64
+    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
+    with pytest.raises(UnsupportedConfigError, match="needs --tenants-file"):
+        _attach_host_tier(make(4)[0], ctx, None)  # type: ignore[arg-type]
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "blocked" / "l3"))
+    with pytest.raises(UnsupportedConfigError, match="not usable"):
+        _attach_host_tier(make(4)[0], ctx, SECRET)  # type: ignore[arg-type]
+    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
+    ok, _, _ = make(4)
+    _attach_host_tier(ok, ctx, SECRET)  # type: ignore[arg-type]
+    assert ok.host.l3 is not None and (tmp_path / "l3").is_dir()
