@@ -18,15 +18,13 @@ changes. sglang-iso's benchmark uses it to run upstream HiCache side by side.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
 import types
 from collections.abc import Sequence
 from typing import Any
 
 from sglang_iso.platform import cpu
+from sglang_iso.platform.import_patch import patch_on_import
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +39,7 @@ def apply() -> bool:
         return True
     if not cpu.should_apply():
         return False
-    module = sys.modules.get(HOST_POOL_MODULE)
-    if module is not None:
-        patch_module(module)
-    else:
-        sys.meta_path.insert(0, _PatchAfterImport())
+    patch_on_import([HOST_POOL_MODULE], patch_module)
     _applied = True
     return True
 
@@ -77,34 +71,3 @@ def patch_module(module: types.ModuleType) -> None:
     __init__.__sglang_iso_unpinned__ = True  # type: ignore[attr-defined]
     pool.__init__ = __init__
     logger.debug("sglang-iso: HiCache host pool unpinned and given a torch transfer_kv_direct")
-
-
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != HOST_POOL_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self._inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._inner.exec_module(module)
-        patch_module(module)

@@ -18,15 +18,14 @@ only speeds up host-to-device copies, and on CPU there is no device copy.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from sglang_iso.platform import cpu
+from sglang_iso.platform.import_patch import patch_on_import
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +58,7 @@ def apply() -> bool:
     original = torch.Tensor.pin_memory
     if not getattr(original, "__sglang_iso_unpinned__", False):
         torch.Tensor.pin_memory = _scoped_pin_memory(original)  # type: ignore[method-assign]
-    for name in UNPINNED_MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
-            patch_module(module)
-    sys.meta_path.insert(0, _PatchAfterImport(UNPINNED_MODULES))
+    patch_on_import(UNPINNED_MODULES, patch_module)
     _applied = True
     return True
 
@@ -114,41 +109,3 @@ def _scoped_pin_memory(original: Callable[..., Any]) -> Callable[..., Any]:
 
     pin_memory.__sglang_iso_unpinned__ = True  # type: ignore[attr-defined]
     return pin_memory
-
-
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Wraps the loader of each listed module so the module is patched right after it executes."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self._names = frozenset(names)
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self._names:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self._inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def __getattr__(self, name: str) -> Any:
-        # get_source, get_filename, ...: tracebacks and inspect still find the module's source.
-        return getattr(self._inner, name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._inner.exec_module(module)
-        patch_module(module)
-        logger.debug("sglang-iso: unpinned host tensors in %s", module.__name__)
