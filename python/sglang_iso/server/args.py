@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from sglang_iso.server.argv import flag_value, has_flag
+
 TENANT_BACKEND = "tenant"
 
 # (flag, value or None for a switch): SGLang flags the CPU default set adds.
@@ -112,7 +114,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     added: list[str] = []
     env_added: list[tuple[str, str]] = []
 
-    backend = _flag_value(sglang_argv, "--radix-cache-backend")
+    backend = flag_value(sglang_argv, "--radix-cache-backend")
     if backend is None:
         sglang_argv += ["--radix-cache-backend", TENANT_BACKEND]
         added += ["--radix-cache-backend", TENANT_BACKEND]
@@ -184,7 +186,7 @@ def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
     for flag, why in _BYPASS_FLAGS.items():
         if has_flag(argv, flag):
             raise ValueError(f"{flag} cannot be used with --tenants-file: {why}")
-    workers = _flag_value(argv, "--tokenizer-worker-num")
+    workers = flag_value(argv, "--tokenizer-worker-num")
     if workers is not None and workers != "1":
         raise ValueError("--tokenizer-worker-num must be 1 with --tenants-file: other workers skip the tenant gate")
     for name, why in _BYPASS_ENV.items():
@@ -206,7 +208,7 @@ def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[st
 
 def _refuse_uncovered(argv: Sequence[str]) -> None:
     """Features sglang-iso does not harden are refused by name, whatever the other flags."""
-    mode = _flag_value(argv, "--disaggregation-mode")
+    mode = flag_value(argv, "--disaggregation-mode")
     if mode not in (None, "null"):
         raise ValueError(
             f"--disaggregation-mode {mode} is not supported by sglang-iso: prefill/decode transfers would hand KV "
@@ -221,23 +223,10 @@ def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:
 
     found = uncovered_features(
         SimpleNamespace(
-            speculative_algorithm=_flag_value(argv, "--speculative-algorithm"),
-            dllm_algorithm=_flag_value(argv, "--dllm-algorithm"),
-            disaggregation_mode=_flag_value(argv, "--disaggregation-mode"),
+            speculative_algorithm=flag_value(argv, "--speculative-algorithm"),
+            dllm_algorithm=flag_value(argv, "--dllm-algorithm"),
+            disaggregation_mode=flag_value(argv, "--disaggregation-mode"),
         )
     )
     if found:
         raise ValueError(f"--kv-owner-check on does not cover {'; '.join(found)}; drop it or pass --kv-owner-check off")
-
-
-def has_flag(argv: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
-def _flag_value(argv: Sequence[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None

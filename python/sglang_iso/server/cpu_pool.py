@@ -18,8 +18,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from sglang_iso.server.args import _flag_value as _value
-from sglang_iso.server.args import has_flag as _has
+from sglang_iso.server.argv import flag_value as _value
+from sglang_iso.server.argv import has_flag as _has
 
 CPU_RUNNING_REQUESTS = 32  # running requests assumed (and set) when --max-running-requests is not given
 CPU_POOL_MAX_TOKENS = 1 << 20  # token slots; beyond this the free-list copies dominate a CPU request

@@ -40,11 +40,11 @@ def world_size(argv: Sequence[str]) -> int:
     Raises:
         ValueError: a size flag is not a positive integer.
     """
-    from sglang_iso.server.args import _flag_value
+    from sglang_iso.server.argv import flag_value
 
     total = 1
     for names in _SIZE_FLAGS.values():
-        text = next((v for v in (_flag_value(argv, n) for n in names) if v is not None), "1")
+        text = next((v for v in (flag_value(argv, n) for n in names) if v is not None), "1")
         if not text.isdigit() or int(text) < 1:
             raise ValueError(f"{names[0]} must be a positive integer, got {text!r}")
         total *= int(text)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from sglang_iso.server.argv import flag_value, has_flag, without_flag
+
 L3_DIR_ENV = "SGLANG_ISO_L3_DIR"
 """Set by the launcher, read by the scheduler's cache factory: the L3 file store's directory."""
 UPSTREAM_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
@@ -39,8 +41,8 @@ def plan_hicache(
     out = list(argv)
     added: list[str] = []
     env_added: list[tuple[str, str]] = []
-    enabled = _has(out, "--enable-hierarchical-cache")
-    backend = _value(out, STORAGE_FLAG)
+    enabled = has_flag(out, "--enable-hierarchical-cache")
+    backend = flag_value(out, STORAGE_FLAG)
     if backend is not None:
         if not enabled:
             raise ValueError(f"{STORAGE_FLAG} needs --enable-hierarchical-cache")
@@ -51,40 +53,12 @@ def plan_hicache(
             )
         if tenants_file is None:
             raise ValueError(f"{STORAGE_FLAG} file needs --tenants-file: its namespace secret keys the store")
-        out = _without(out, STORAGE_FLAG)
+        out = without_flag(out, STORAGE_FLAG)
         directory = env.get(UPSTREAM_DIR_ENV) or DEFAULT_DIR
         env_added.append((L3_DIR_ENV, str(Path(directory).resolve())))
     if enabled and not cuda_available:
         for flag, value in CPU_HICACHE_DEFAULTS:
-            if not _has(out, flag):
+            if not has_flag(out, flag):
                 out += [flag, value]
                 added += [flag, value]
     return out, added, env_added
-
-
-def _has(argv: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in argv)
-
-
-def _value(argv: Sequence[str], flag: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def _without(argv: Sequence[str], flag: str) -> list[str]:
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == flag:
-            skip = True
-            continue
-        if not a.startswith(flag + "="):
-            out.append(a)
-    return out
