@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,10 +22,10 @@ from hypothesis import strategies as st
 
 from sglang_iso.server.gate import TENANT_PATHS
 from sglang_iso.server.process import ServerProcess
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 
 from .conftest import start_iso_server
-from .test_request_plane import assert_alive_and_isolated, call
+from .test_request_plane import assert_alive_and_isolated, call, write_alpha_beta
 
 pytestmark = pytest.mark.e2e
 
@@ -47,15 +46,8 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
-    directory = tmp_path_factory.mktemp("tenants")
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    (directory / "tenants.toml").write_text(
-        'namespace_secret_file = "secret.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]\n\n'
-        f'[[tenants]]\nid = "alpha"\nkey_sha256 = ["{key_sha256(keys["alpha"])}"]\n\n'
-        f'[[tenants]]\nid = "beta"\nkey_sha256 = ["{key_sha256(keys["beta"])}"]\n'
-    )
-    srv = start_iso_server("--tenants-file", str(directory / "tenants.toml"), "--enable-cache-report")
+    path = write_alpha_beta(tmp_path_factory.mktemp("tenants"), keys)
+    srv = start_iso_server("--tenants-file", str(path), "--enable-cache-report")
     try:
         srv.start()
         yield srv

@@ -38,20 +38,25 @@ def keys() -> dict[str, str]:
     return {name: new_api_key() for name in ("alpha", "beta", "admin")}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
-    directory = tmp_path_factory.mktemp("tenants")
+def write_alpha_beta(directory: Path, keys: dict[str, str], *, beta_limit: int | None = None) -> Path:
+    """Tenants ``alpha`` and ``beta`` (optionally with beta's in-flight limit) and the admin key; returns the path."""
     (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    (directory / "tenants.toml").write_text(
+    text = (
         'namespace_secret_file = "secret.key"\n'
         f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]\n\n'
         f'[[tenants]]\nid = "alpha"\nkey_sha256 = ["{key_sha256(keys["alpha"])}"]\n\n'
         f'[[tenants]]\nid = "beta"\nkey_sha256 = ["{key_sha256(keys["beta"])}"]\n'
-        f"max_concurrent_requests = {BETA_LIMIT}\n"
     )
-    srv = start_iso_server(
-        "--tenants-file", str(directory / "tenants.toml"), "--enable-cache-report", "--enable-metrics"
-    )  # fmt: skip
+    if beta_limit is not None:
+        text += f"max_concurrent_requests = {beta_limit}\n"
+    (directory / "tenants.toml").write_text(text)
+    return directory / "tenants.toml"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    path = write_alpha_beta(tmp_path_factory.mktemp("tenants"), keys, beta_limit=BETA_LIMIT)
+    srv = start_iso_server("--tenants-file", str(path), "--enable-cache-report", "--enable-metrics")
     try:
         srv.start()
         yield srv
