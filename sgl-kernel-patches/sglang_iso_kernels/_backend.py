@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -13,8 +14,10 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
+@functools.cache
 def triton_available() -> bool:
-    """True when the ``triton`` package can be imported (it is not imported here)."""
+    """True when the ``triton`` package can be imported (it is not imported here; the answer is cached:
+    the lookup walks ``sys.path`` and this runs on every forward)."""
     return importlib.util.find_spec("triton") is not None
 
 

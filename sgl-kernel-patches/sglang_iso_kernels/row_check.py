@@ -80,6 +80,10 @@ def sanitize_rows(
             req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, allowed,
             page_size, zero_page, violations,
         )  # fmt: skip
+    elif req_to_token.device.type == "cpu" and _clean_on_cpu(
+        req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, page_size, total_tokens
+    ):
+        pass  # every slot was its row owner's: nothing to redirect, nothing to count
     else:
         _sanitize_torch(
             req_to_token, req_pool_indices, seq_lens, write_start, page_owner, row_owner, allowed,
@@ -139,6 +143,58 @@ def _sanitize_torch(
     # scheduler rewrites concurrently is never overwritten with a stale copy.
     req_to_token.index_put_((row, col), (safe - slots).to(req_to_token.dtype), accumulate=True)
     violations.index_add_(0, req_of, refused.to(violations.dtype))
+
+
+def _clean_on_cpu(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    write_start: torch.Tensor,
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    page_size: int,
+    total_tokens: int,
+) -> bool:
+    """CPU fast path: adopt this step's pages, then say whether every slot of every row is its owner's.
+
+    On CPU reading a value back costs nothing, so the common case (no foreign slot) needs only a gather and
+    one comparison per token. Returns False on anything else (a foreign, FREE, shared or out-of-range slot,
+    an untracked row) and the caller runs the full pass, whose adoption of the same pages is then a no-op.
+    MUTATES ``page_owner`` (adopted pages only, exactly as the full pass would).
+    """
+    me_rows = row_owner[req_pool_indices.long()]  # [B]
+    if bool((me_rows < 0).any()):
+        return False  # untracked rows are skipped by the full pass
+    lens = seq_lens.long()  # [B]
+    starts = write_start.long().clamp(min=0)
+    starts = torch.minimum(starts, lens)
+    rows_flat = req_pool_indices.long() * req_to_token.shape[1]  # [B] flat offset of each row
+    flat = _windows(rows_flat, torch.zeros_like(lens), lens, total_tokens)  # [N]
+    slots = req_to_token.view(-1)[flat]  # [N] int32
+    if total_tokens and (int(slots.min()) < 0 or int(slots.max()) >= page_owner.numel() * page_size):
+        return False
+    pages = slots if page_size == 1 else torch.div(slots, page_size, rounding_mode="floor")
+    new_count = int((lens - starts).sum())
+    if new_count:
+        # NOTE: the same rule as the full pass (adopt FREE or own pages, the larger owner wins a race),
+        # applied to the new columns only.
+        new_flat = _windows(rows_flat, starts, lens, new_count)
+        new_slots = req_to_token.view(-1)[new_flat].long()
+        new_pages = torch.div(new_slots, page_size, rounding_mode="floor")
+        new_me = torch.repeat_interleave(me_rows, lens - starts, output_size=new_count).to(page_owner.dtype)
+        current = page_owner[new_pages]
+        proposal = torch.where((current == -1) | (current == new_me), new_me, torch.full_like(new_me, -2))
+        page_owner.scatter_reduce_(0, new_pages, proposal, reduce="amax", include_self=True)
+    me = torch.repeat_interleave(me_rows, lens, output_size=total_tokens)  # [N]
+    return bool(torch.equal(page_owner[pages.long()], me))
+
+
+def _windows(row_base: torch.Tensor, start: torch.Tensor, end: torch.Tensor, total: int) -> torch.Tensor:
+    """Flat ``req_to_token`` indices of columns ``start[b] .. end[b]`` of each row, concatenated ``[total]``."""
+    sizes = end - start
+    first = torch.cumsum(sizes, 0) - sizes  # [B]
+    base = torch.repeat_interleave(row_base + start - first, sizes, output_size=total)
+    return base + torch.arange(total, dtype=base.dtype)
 
 
 def _check(name: str, t: object, ndim: int, dtypes: tuple[torch.dtype, ...], device: torch.device) -> torch.Tensor:

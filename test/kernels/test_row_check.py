@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sglang_iso_kernels.row_check import sanitize_rows
+from sglang_iso_kernels.row_check import _clean_on_cpu, _sanitize_torch, sanitize_rows
 from test.kernels.conftest import SEEDS
 
 NUM_PAGES, ZERO_PAGE, SHARED, FREE = 20, 0, 3, -1
@@ -173,3 +175,58 @@ def _large_batch_triton_vs_torch(device: torch.device) -> None:
     (rtt_t, po_t, v_t), (rtt_k, po_k, v_k) = outs
     assert int(v_t.sum()) > 0 and torch.equal(v_t, v_k)
     assert torch.equal(rtt_t, rtt_k) and torch.equal(po_t, po_k)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]))
+def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int) -> None:
+    """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over)."""
+    page_owner = data.draw(st.lists(st.sampled_from([FREE, 0, 1, 2, 3]), min_size=NUM_PAGES, max_size=NUM_PAGES))
+    page_owner[ZERO_PAGE] = FREE
+    rows = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=4, unique=True))
+    row_owner = [FREE] * R
+    req_to_token = torch.zeros(R, L, dtype=torch.int32)
+    seq_lens, write_start = [], []
+    for row in rows:
+        me = data.draw(st.sampled_from([0, 1, 2, FREE]))
+        row_owner[row] = me
+        own = [p for p, o in enumerate(page_owner) if o == me] or [ZERO_PAGE]
+        mine = st.builds(lambda p, j: p * page_size + j, st.sampled_from(own), st.integers(0, page_size - 1))
+        anywhere = st.integers(0, NUM_PAGES * page_size - 1)
+        window = data.draw(st.lists(st.one_of(mine, mine, mine, anywhere), min_size=1, max_size=L))
+        req_to_token[row, : len(window)] = torch.tensor(window, dtype=torch.int32)
+        seq_lens.append(len(window))
+        write_start.append(data.draw(st.integers(0, len(window))))
+    tensors = (
+        req_to_token,
+        torch.tensor(rows, dtype=torch.int64),
+        torch.tensor(seq_lens, dtype=torch.int64),
+        torch.tensor(write_start, dtype=torch.int64),
+        torch.tensor(page_owner, dtype=torch.int32),
+        torch.tensor(row_owner, dtype=torch.int32),
+    )
+    allowed = _allowed(torch.device("cpu"))
+    # NOTE: the full torch pass is the reference here (it is checked against the per-request reference above);
+    # the plain reference would differ only where two owners race for one FREE page (see the test above).
+    want = [t.clone() for t in tensors]
+    want_v = torch.zeros(len(rows), dtype=torch.int32)
+    _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
+    violations = sanitize_rows(
+        *tensors, allowed, page_size=page_size, zero_page=ZERO_PAGE, total_tokens=sum(seq_lens), use_triton=False
+    )
+    assert violations.tolist() == want_v.tolist()
+    assert torch.equal(tensors[0], want[0]) and torch.equal(tensors[4], want[4])
+
+
+def test_cpu_fast_path_answers_a_clean_batch_alone() -> None:
+    """Positive control for the test above: a clean batch is decided by the fast path, adoption included."""
+    req_to_token = torch.zeros(2, 8, dtype=torch.int32)
+    req_to_token[0, :3] = torch.tensor([1, 2, 14], dtype=torch.int32)  # own, own, new FREE page
+    page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
+    page_owner[1] = page_owner[2] = 1
+    row_owner = torch.tensor([1, FREE], dtype=torch.int32)
+    args = (req_to_token, torch.tensor([0]), torch.tensor([3]), torch.tensor([2]), page_owner, row_owner)
+    assert _clean_on_cpu(*args, page_size=1, total_tokens=3)
+    assert int(page_owner[14]) == 1  # adopted
+    req_to_token[0, 1] = 15  # a FREE page in the prefix: not clean, the full pass takes over
+    assert not _clean_on_cpu(*args, page_size=1, total_tokens=3)
