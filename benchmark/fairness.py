@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ("defaults", "no limits")

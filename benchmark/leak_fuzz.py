@@ -8,22 +8,17 @@ Prints the report (requests, answers, same-owner hits, leaks, errors) and the fi
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sglang_iso.platform import bootstrap  # noqa: E402
+from sglang_iso.platform import bootstrap
 
 bootstrap.apply()
 
-from test.security.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants  # noqa: E402
-
 from sglang_iso.models import tiny_model_path  # noqa: E402
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
+from sglang_iso_testing.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants  # noqa: E402
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
 
 
 def main() -> int:

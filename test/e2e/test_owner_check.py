@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv, request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv, request_json
 
 from .conftest import CPU_SIZES
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 from .test_tenants import auth, write_tenants_file

@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
-
-from ..e2e.lora_adapter import write_tiny_adapter
+from sglang_iso_testing.lora_adapter import write_tiny_adapter
+from sglang_iso_testing.process import ServerProcess
 
 VOCAB_LOW, VOCAB_HIGH = 16, 2000  # ordinary token ids of the bundled model (0-6 are special)
 SHARED_TEXT = " ".join(f"Policy {i}: be kind, be brief, cite the handbook." for i in range(6))
