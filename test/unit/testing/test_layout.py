@@ -37,3 +37,37 @@ def test_the_harness_modules_exist_where_the_tests_expect_them() -> None:
     assert routing.router_argv.__module__ == "sglang_iso_testing.routing"
     assert not (RUNTIME / "server" / "process.py").exists()
     assert not (RUNTIME / "server" / "routing.py").exists()
+
+
+def test_test_plugins_need_the_testing_switch() -> None:
+    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV, test_plugin_refusal
+    from sglang_iso_testing.plant import plant_env
+
+    assert test_plugin_refusal({}) is None
+    assert test_plugin_refusal(plant_env()) is None
+    refusal = test_plugin_refusal({TEST_PLUGINS_ENV: "sglang_iso_testing.plant"})
+    assert refusal is not None and TEST_PLUGINS_ENV in refusal and "sglang_iso_testing.plant" in refusal
+    assert test_plugin_refusal({TEST_PLUGINS_ENV: "x", TESTING_ENV: "0"}) is not None
+
+
+def test_launcher_refuses_a_test_plugin_without_the_switch() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != TESTING_ENV}
+    env[TEST_PLUGINS_ENV] = "sglang_iso_testing.plant"
+    argv = [sys.executable, "-m", "sglang_iso.cli", "serve", "--model-path", "m", "--iso-dry-run"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    assert f"{TEST_PLUGINS_ENV}=sglang_iso_testing.plant" in out.stderr
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, TESTING_ENV: "1"})
+    assert ok.returncode == 0, ok.stderr  # positive control: the harness's switch lets it through
+
+
+def test_production_code_has_no_plant() -> None:
+    text = "\n".join(p.read_text() for p in RUNTIME.rglob("*.py"))
+    for word in ("test_plant", "armed_plants", "planted_read_zero", "TEST_PLANT"):
+        assert word not in text, word
