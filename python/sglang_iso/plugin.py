@@ -7,10 +7,12 @@ import logging
 import os
 from collections.abc import Mapping
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
-TEST_PLUGINS_ENV = "SGLANG_ISO_TEST_PLUGINS"
-TESTING_ENV = "SGLANG_ISO_TESTING"
+TEST_PLUGINS_ENV = envvars.TEST_PLUGINS.name
+TESTING_ENV = envvars.TESTING.name
 
 
 def register() -> None:

@@ -7,7 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX, NamespaceStats, Policy
+from sglang_iso.cache.results import NamespaceStats
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX, CachePolicy
 
 if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
@@ -27,7 +28,7 @@ class NamespaceState:
     """Tokens in this namespace's locked nodes."""
     quota: int | None = None
     """Soft cap on resident tokens; None: unlimited."""
-    policy: Policy = "private"
+    policy: CachePolicy = "private"
     hit_tokens: int = 0
     lookup_tokens: int = 0
     inserted_tokens: int = 0

@@ -29,16 +29,9 @@ from typing import Literal
 from sglang_iso.cache.integrity import check_tree_integrity
 from sglang_iso.cache.namespaces import SHARED_NAME_PATTERN, NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, iter_subtree
-from sglang_iso.cache.results import (
-    POLICIES,
-    SHARED_NAMESPACE_PREFIX,
-    InsertResult,
-    MatchResult,
-    NamespaceStats,
-    NodeHandle,
-    Policy,
-)
+from sglang_iso.cache.results import InsertResult, MatchResult, NamespaceStats, NodeHandle
 from sglang_iso.cache.tree_core import TreeCore, as_key
+from sglang_iso.constants import CACHE_POLICIES, SHARED_NAMESPACE_PREFIX, CachePolicy
 
 _EMPTY_HANDLE = NodeHandle(())
 
@@ -111,11 +104,11 @@ class TenantRadixTree(TreeCore):
         else:
             self._quota_ns.add(ns)
 
-    def set_policy(self, ns: str, policy: Policy) -> None:
+    def set_policy(self, ns: str, policy: CachePolicy) -> None:
         """``"off"``: ``ns`` stops inserting and matching (existing entries stay until evicted or flushed)."""
         self._check_ns(ns, allow_shared=True)
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in CACHE_POLICIES:
+            raise ValueError(f"policy must be one of {CACHE_POLICIES}, got {policy!r}")
         self._state(ns).policy = policy
 
     # ------------------------------------------------------------------------------------------------- cache ops

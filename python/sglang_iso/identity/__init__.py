@@ -9,12 +9,11 @@ from sglang_iso.identity.cache_identity import (
     CacheIdentity,
     encode_identity,
 )
-from sglang_iso.identity.namespace import MIN_SECRET_BYTES, NamespaceKeyer, NamespaceRef
+from sglang_iso.identity.namespace import NamespaceKeyer, NamespaceRef
 
 __all__ = [
     "ENCODING_VERSION",
     "IDENTITY_DOMAIN_TAG",
-    "MIN_SECRET_BYTES",
     "TENANT_ID_PATTERN",
     "CacheIdentity",
     "NamespaceKeyer",

@@ -19,10 +19,8 @@ import hashlib
 import hmac
 from typing import NamedTuple
 
+from sglang_iso.constants import MIN_SECRET_BYTES
 from sglang_iso.identity.cache_identity import CacheIdentity, encode_fields, encode_identity, kv_fields
-
-MIN_SECRET_BYTES = 32
-"""Shortest accepted HMAC key (256 bits, the SHA-256 output size)."""
 
 TENANT_NAMESPACE_DOMAIN_TAG = b"sglang-iso/tenant-namespace"
 SCOPE_DOMAIN_TAG = b"sglang-iso/kv-scope"

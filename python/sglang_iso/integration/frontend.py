@@ -11,7 +11,7 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-from sglang_iso import observability
+from sglang_iso import envvars, observability
 from sglang_iso.integration import lora
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
@@ -22,8 +22,8 @@ from sglang_iso.tenancy.keys import KeyIndex
 
 logger = logging.getLogger(__name__)
 
-TENANTS_FILE_ENV = "SGLANG_ISO_TENANTS_FILE"
-METRICS_AUTH_ENV = "SGLANG_ISO_METRICS_AUTH"  # "admin" (default) or "open"
+TENANTS_FILE_ENV = envvars.TENANTS_FILE.name
+METRICS_AUTH_ENV = envvars.METRICS_AUTH.name  # "admin" (default) or "open"
 
 _GATE_TARGET = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
 _TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
@@ -79,7 +79,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         keys=keys,
         limits=_model_limits(tokenizer_manager),
         admission=admission,
-        metrics_need_admin=os.environ.get(METRICS_AUTH_ENV, "admin") != "open",
+        metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
     )
     global _server_args
     _server_args = server_args

@@ -12,10 +12,12 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
 # Set by sglang-iso's launcher; inherited by every spawned SGLang process.
-REQUIRE_ENV = "SGLANG_ISO_REQUIRE_TENANT_CACHE"
+REQUIRE_ENV = envvars.REQUIRE_TENANT_CACHE.name
 
 
 class UnhardenedCacheError(RuntimeError):

@@ -36,17 +36,19 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import os
 import weakref
 from typing import Any, NamedTuple
 
 import torch
 
+from sglang_iso import envvars
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
+
 logger = logging.getLogger(__name__)
 
 FREE = -1
 UNTAGGED = 0  # requests without a verified namespace: they never share, so one slot for all is enough
-OWNER_CHECK_ENV = "SGLANG_ISO_KV_OWNER_CHECK"  # "on" (default) or "off"
+OWNER_CHECK_ENV = envvars.KV_OWNER_CHECK.name  # "on" (default) or "off"
 _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
@@ -219,7 +221,7 @@ class OwnerTable:
     def _fill_allowed(self, slot: int, ns: str | None) -> None:
         """Write ``allowed[slot]``: the zero page's slot and the shared prefixes ``ns`` may read (fixed by
         configuration, so once per slot). Grows the table when needed (rare; scheduler thread)."""
-        shared = [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
+        shared = [self.slot_of(SHARED_NAMESPACE_PREFIX + name) for name in self.cache.readable_shared(ns)] if ns else []
         row = [self.zero_owner, *shared]
         rows, width = self.allowed.shape
         if slot >= rows or len(row) > width:
@@ -242,7 +244,7 @@ class OwnerTable:
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self.page_owner[pages] = self.slot_of("shared:" + name)
+        self.page_owner[pages] = self.slot_of(SHARED_NAMESPACE_PREFIX + name)
 
     # ------------------------------------------------------------------ the check
     def check_batch(self, forward_batch: Any) -> None:
@@ -354,7 +356,7 @@ def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
 
 
 def owner_check_mode() -> str:
-    mode = os.environ.get(OWNER_CHECK_ENV, "on")
+    mode = envvars.KV_OWNER_CHECK.get()
     if mode not in ("on", "off"):
         raise ValueError(f"{OWNER_CHECK_ENV}={mode!r}: expected 'on' or 'off'")
     return mode

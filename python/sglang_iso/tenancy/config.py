@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from sglang_iso.constants import CACHE_POLICIES, CachePolicy
 from sglang_iso.identity import TENANT_ID_PATTERN
 from sglang_iso.tenancy._locate import LineLocator
 from sglang_iso.tenancy._validate import KEY_HASH_PATTERN, Validator
@@ -63,7 +64,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project's CI runs 3.11+
     import tomli as tomllib
 
-CachePolicy = Literal["private", "off"]
 """``private``: the tenant's (or its group's) own namespace; ``off``: never read or write the cache."""
 
 AllTenants = Literal["*"]
@@ -72,6 +72,7 @@ ALL_TENANTS: AllTenants = "*"
 
 GROUP_NAME_PATTERN = TENANT_ID_PATTERN
 """Names after ``group:`` follow the tenant id rule."""
+_VALID_POLICIES = ", ".join(f'"{p}"' for p in CACHE_POLICIES)
 
 ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 """LoRA adapter names a tenant may be allowed: letters, digits, ``.``, ``_``, ``/``, ``-``; 1-128 chars."""
@@ -214,14 +215,14 @@ def _tenant(
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
-    if policy_text in ("private", "off"):
+    if policy_text in CACHE_POLICIES:
         policy = "private" if policy_text == "private" else "off"
     elif policy_text.startswith("group:") and GROUP_NAME_PATTERN.fullmatch(policy_text[len("group:") :]):
         policy, group = "private", policy_text[len("group:") :]
     else:
         v.fail(
             f"{field}.cache",
-            f'invalid cache policy {policy_text!r}; valid: "private", "off", "group:<name>" '
+            f'invalid cache policy {policy_text!r}; valid: {_VALID_POLICIES}, "group:<name>" '
             f"(name must match {GROUP_NAME_PATTERN.pattern})",
             section,
             "cache",
