@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -13,8 +12,6 @@ from sglang_iso.constants import SHARED_NAMESPACE_PREFIX, CachePolicy
 if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
 
-SHARED_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-"""Names of operator-declared shared prefixes."""
 
 
 @dataclass

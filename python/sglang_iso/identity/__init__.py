@@ -5,7 +5,6 @@ from __future__ import annotations
 from sglang_iso.identity.cache_identity import (
     ENCODING_VERSION,
     IDENTITY_DOMAIN_TAG,
-    TENANT_ID_PATTERN,
     CacheIdentity,
     encode_identity,
 )
@@ -14,7 +13,6 @@ from sglang_iso.identity.namespace import NamespaceKeyer, NamespaceRef
 __all__ = [
     "ENCODING_VERSION",
     "IDENTITY_DOMAIN_TAG",
-    "TENANT_ID_PATTERN",
     "CacheIdentity",
     "NamespaceKeyer",
     "NamespaceRef",
