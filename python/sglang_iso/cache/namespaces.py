@@ -62,7 +62,8 @@ class Registration:
 
     tenant_id: str
     scope: str
-    """KV-compatibility scope id (``NamespaceKeyer.scope_id``)."""
+    """KV-compatibility scope: requests in one scope compute identical KV for identical tokens (the tenant cache
+    uses the base model's scope, and one per adapter load); a shared prefix is read only within its scope."""
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,12 @@ from sglang_iso.identity.cache_identity import (
     CacheIdentity,
     encode_identity,
 )
-from sglang_iso.identity.namespace import NamespaceKeyer, NamespaceRef
+from sglang_iso.identity.namespace import NamespaceKeyer
 
 __all__ = [
     "ENCODING_VERSION",
     "IDENTITY_DOMAIN_TAG",
     "CacheIdentity",
     "NamespaceKeyer",
-    "NamespaceRef",
     "encode_identity",
 ]
