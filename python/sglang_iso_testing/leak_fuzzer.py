@@ -134,8 +134,6 @@ class LeakFuzzer:
             for _ in range(ops):
                 if time.monotonic() > deadline:
                     break
-                if progress is not None:
-                    progress.step(note=self._counters())
                 kind = self.rng.random()
                 if kind < 0.6:
                     self.generate(self.rng.choice(self.tenants))
@@ -148,6 +146,8 @@ class LeakFuzzer:
                     self.abort_while_running(self.rng.choice(self.tenants), pool)
                 else:
                     self.flush(self.rng.choice(self.tenants))
+                if progress is not None:
+                    progress.step(note=self._counters())
         return self.report
 
     def _counters(self) -> str:
