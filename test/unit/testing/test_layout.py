@@ -71,3 +71,17 @@ def test_production_code_has_no_plant() -> None:
     text = "\n".join(p.read_text() for p in RUNTIME.rglob("*.py"))
     for word in ("test_plant", "armed_plants", "planted_read_zero", "TEST_PLANT"):
         assert word not in text, word
+
+
+def test_every_package_is_shipped_by_pyproject() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    present = {
+        ".".join(init.parent.relative_to(base).parts)
+        for base in (ROOT / "python", ROOT / "sgl-kernel-patches")
+        for init in base.rglob("__init__.py")
+    }
+    assert present - listed == set()  # a package `pip install .` would silently leave out
+    assert "sglang_iso_testing" in listed
