@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIME = ROOT / "python" / "sglang_iso"
 IMPORT_TESTING = re.compile(r"^\s*(from|import)\s+sglang_iso_testing\b", re.MULTILINE)
@@ -85,3 +87,12 @@ def test_every_package_is_shipped_by_pyproject() -> None:
     }
     assert present - listed == set()  # a package `pip install .` would silently leave out
     assert "sglang_iso_testing" in listed
+
+
+def test_the_plugin_refuses_test_plugins_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_iso import plugin
+
+    monkeypatch.setenv(plugin.TEST_PLUGINS_ENV, "sglang_iso_testing.plant")
+    monkeypatch.delenv(plugin.TESTING_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=plugin.TEST_PLUGINS_ENV):
+        plugin.register()  # NOTE: raises before registering anything, so the tenant backend stays unregistered
