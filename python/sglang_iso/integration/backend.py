@@ -12,7 +12,7 @@ from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
 from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
-from sglang_iso.integration.tenant_cache import BACKEND_NAME, TenantPolicy, TenantRadixCache
+from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 from sglang_iso.server.speculative import uncovered_speculative
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKEND_NAME", "TenantRadixCache", "build_tenant_cache"]
+__all__ = ["TenantRadixCache", "build_tenant_cache"]
 
 
 # "on-free" (default) or "off"; set by the launcher's --kv-scrub, inherited by the scheduler.
