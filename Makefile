@@ -12,7 +12,7 @@ $(STAMP): requirements/runtime.txt requirements/dev.txt requirements/deploy.txt 
 	touch $(STAMP)
 
 demo: install
-	$(PY) -m sglang_iso.demo
+	$(PY) -m sglang_iso_testing.demo
 
 test: install
 	$(PY) -m pytest

@@ -26,8 +26,8 @@ from pathlib import Path
 from sglang_iso.audit import AuditConfig, run_audit, write_outputs
 from sglang_iso.audit.report import table
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 

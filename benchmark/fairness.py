@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
+from sglang_iso_testing.progress import Progress
 
 HERE = Path(__file__).resolve().parent
 CONFIGS = ("defaults", "no limits")
@@ -84,14 +85,13 @@ def long_body(tokens: int) -> dict[str, Any]:
 
 def measure_a(port: int, key: str, n: int, label: str) -> list[float]:
     out: list[float] = []
-    t0 = time.monotonic()
-    for i in range(n):
+    progress = Progress(f"  {label}", n, every_s=10)
+    for _ in range(n):
         status, ttft, _ = stream(port, key, short_body())
         if status == 200 and ttft is not None:
             out.append(ttft)
-        if (i + 1) % 10 == 0 or i + 1 == n:
-            rate = (i + 1) / (time.monotonic() - t0)
-            print(f"  {label}: {i + 1}/{n} requests, {rate:.2f} req/s, ETA {(n - i - 1) / rate:.0f}s", flush=True)
+        progress.step()
+    progress.finish()
     return out
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.progress import Progress
 
 HERE = Path(__file__).resolve().parent
 CPU_HICACHE = ("--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first")
@@ -74,17 +75,14 @@ def main() -> None:
     try:
         for srv in servers.values():
             srv.start()
-        total = len(servers) * args.rounds * len(prompts)
-        done, t0 = 0, time.monotonic()
+        progress = Progress("hicache", len(servers) * args.rounds * len(prompts), every_s=10)
         for name, srv in servers.items():
             rows = []
             for rnd, idx in ((r, i) for r, seq in enumerate(order) for i in seq):
                 rows.append((rnd, *send(srv, headers[name], prompts[idx])))
-                done += 1
-                if done % 10 == 0 or done == total:
-                    rate = done / (time.monotonic() - t0)
-                    print(f"  {done}/{total} requests, {rate:.1f} req/s, ETA {(total - done) / rate:.0f} s", flush=True)
+                progress.step(note=name)
             results[name] = summarize(rows)
+        progress.finish()
     finally:
         for srv in servers.values():
             srv.stop()

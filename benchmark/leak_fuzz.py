@@ -2,28 +2,25 @@
 
     python benchmark/leak_fuzz.py --ops 100000 --max-seconds 36000 --seed 1
 
-Prints the report (requests, answers, same-owner hits, leaks, errors) and the final oracle checks.
+Prints a progress line every ``--progress-s`` seconds (operations done, rate, elapsed, ETA, and the counters so
+far), then the report (requests, answers, same-owner hits, leaks, errors) and the final oracle checks.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sglang_iso.platform import bootstrap  # noqa: E402
+from sglang_iso.platform import bootstrap
 
 bootstrap.apply()
 
-from test.security.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants  # noqa: E402
-
 from sglang_iso.models import tiny_model_path  # noqa: E402
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
+from sglang_iso_testing.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants  # noqa: E402
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
+from sglang_iso_testing.progress import Progress  # noqa: E402
 
 
 def main() -> int:
@@ -31,6 +28,7 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=100_000)
     parser.add_argument("--max-seconds", type=float, default=36_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--progress-s", type=float, default=30.0, help="seconds between progress lines")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="sglang-iso-fuzz-"))
     tenants_file, tenants, admin = write_tenants(workdir)
@@ -40,7 +38,9 @@ def main() -> int:
     with server:
         server.start()
         fuzzer = LeakFuzzer(server, tenants, admin, shared_prefix_ids(tiny_model_path()), args.seed)
-        report = fuzzer.run(args.ops, max_seconds=args.max_seconds)
+        progress = Progress("leak fuzz", args.ops, unit="ops", every_s=args.progress_s, max_seconds=args.max_seconds)
+        report = fuzzer.run(args.ops, max_seconds=args.max_seconds, progress=progress)
+        progress.finish()
         problems = fuzzer.final_checks()
     print(f"operations budget {args.ops}, seed {args.seed}, {time.monotonic() - t0:.0f}s")
     print(

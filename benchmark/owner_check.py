@@ -161,7 +161,7 @@ def serving_bench(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     from benchmark.serving import TextMaker, make_workload, one_request, run_level, summarize, write_tenants
 
     from sglang_iso.models import tiny_model_path
-    from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+    from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 
     sizes = ("--max-total-tokens", str(args.serving_pool), "--max-running-requests", "16", "--enable-cache-report")
     maker = TextMaker(random.Random(args.seed))

@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from benchmark.serving import SIZES, TextMaker, make_workload, run_level, summarize, write_tenants  # noqa: E402
 
 from sglang_iso.models import tiny_model_path  # noqa: E402
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
 from sglang_iso_kernels import scrub_pages  # noqa: E402
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv  # noqa: E402
 
 
 def kernel_bench(layers: int, pages: int, page_size: int, heads: int, head_dim: int, repeats: int) -> None:

@@ -40,8 +40,8 @@ import aiohttp
 import tokenizers
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""

@@ -29,8 +29,8 @@ from sglang_iso.platform import bootstrap  # noqa: E402
 bootstrap.apply()
 
 from sglang_iso.models import tiny_model_path  # noqa: E402
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv  # noqa: E402
 from sglang_iso.tenancy.keys import key_sha256, new_api_key  # noqa: E402
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv  # noqa: E402
 
 SYSTEM = " ".join(f"Guideline {i}: answer from the handbook, be brief, be kind, never guess." for i in range(24))
 SIZES = ("--max-total-tokens", "131072", "--max-running-requests", "16")

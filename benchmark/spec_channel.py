@@ -36,8 +36,8 @@ from typing import Any
 from scipy.stats import ks_2samp
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 
 HERE = Path(__file__).resolve().parent
 SERVERS = ("upstream", "sglang-iso")

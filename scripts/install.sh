@@ -27,5 +27,6 @@ names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
 assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
 import sglang  # noqa: F401  (the interpreter-start hook applies the CPU shims)
 import sglang.srt.mem_cache.registry  # noqa: F401
+import sglang_iso_testing.process  # noqa: F401  (the test harness ships with the package)
 print("sglang-iso installed")
 PY

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(rest)
     if command == "demo":
-        from sglang_iso.demo import main as demo_main
+        from sglang_iso_testing.demo import main as demo_main
 
         return demo_main(rest)
     if command == "audit":

@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
 
+    from sglang_iso.plugin import test_plugin_refusal
+
+    refusal = test_plugin_refusal(os.environ)
+    if refusal is not None:
+        print(f"sglang-iso: error: {refusal}", file=sys.stderr)
+        return 2
     try:
         plan = plan_launch(args, cuda_available=bootstrap.cuda_available(), env=dict(os.environ))
         if plan.tenants_file is not None:

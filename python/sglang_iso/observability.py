@@ -21,7 +21,9 @@ import os
 import time
 from typing import Any
 
-AUDIT_LOG_ENV = "SGLANG_ISO_AUDIT_LOG"
+from sglang_iso import envvars
+
+AUDIT_LOG_ENV = envvars.AUDIT_LOG.name
 AUDIT_MAX_BYTES = 64 * 1024 * 1024
 AUDIT_BACKUPS = 5
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+from collections.abc import Mapping
+
+from sglang_iso import envvars
 
 logger = logging.getLogger(__name__)
+
+TEST_PLUGINS_ENV = envvars.TEST_PLUGINS.name
+TESTING_ENV = envvars.TESTING.name
 
 
 def register() -> None:
@@ -13,7 +21,14 @@ def register() -> None:
     Idempotent. If this raises, SGLang logs it and ``tenant`` stays unregistered,
     so a server launched by sglang-iso (which selects ``tenant``) refuses to start:
     a failed plugin never degrades into an unhardened server.
+
+    Raises:
+        RuntimeError: test plugins are named without the testing switch (see :func:`test_plugin_refusal`).
     """
+    refusal = test_plugin_refusal(os.environ)
+    if refusal is not None:
+        raise RuntimeError(refusal)  # NOTE: before registering, so the tenant backend stays unregistered
+
     from sglang_iso.platform import bootstrap
 
     bootstrap.apply()
@@ -21,3 +36,28 @@ def register() -> None:
     from sglang_iso.integration import registration
 
     registration.install()
+    _load_test_plugins(os.environ)
+
+
+def test_plugin_refusal(env: Mapping[str, str]) -> str | None:
+    """Why a server must not start with this environment's test plugins, or None.
+
+    Extension point for the test harness, empty in production: ``SGLANG_ISO_TEST_PLUGINS`` names
+    modules (comma-separated) whose ``register()`` runs in every SGLang process after our own hooks,
+    e.g. ``sglang_iso_testing.plant`` (plants a foreign KV slot to prove the owner check refuses it).
+    Such code corrupts requests on purpose, so it loads only with the explicit switch
+    ``SGLANG_ISO_TESTING=1`` that only the test harness sets; the launcher and every process refuse otherwise.
+    """
+    names = env.get(TEST_PLUGINS_ENV, "").strip()
+    if not names or env.get(TESTING_ENV) == "1":
+        return None
+    return (
+        f"{TEST_PLUGINS_ENV}={names} loads test-only code into the server; refusing to start "
+        f"(only the test harness sets it, together with {TESTING_ENV}=1)"
+    )
+
+
+def _load_test_plugins(env: Mapping[str, str]) -> None:
+    for name in filter(None, (n.strip() for n in env.get(TEST_PLUGINS_ENV, "").split(","))):
+        importlib.import_module(name).register()
+        logger.warning("sglang-iso: TEST plugin %s loaded (%s=1): not for production", name, TESTING_ENV)

@@ -20,7 +20,7 @@ from sglang_iso_kernels.kv_indices import (
     checked_gather_slots,
 )
 from sglang_iso_kernels.row_check import sanitize_rows
-from sglang_iso_kernels.scrub import scrub_pages, scrub_rows
+from sglang_iso_kernels.scrub import scrub_pages
 
 __all__ = [
     "CheckedKvIndices",
@@ -30,5 +30,4 @@ __all__ = [
     "checked_gather_slots",
     "sanitize_rows",
     "scrub_pages",
-    "scrub_rows",
 ]

@@ -1,4 +1,4 @@
-"""Zero freed KV pages in every layer's buffers, and reset request rows of ``req_to_token``.
+"""Zero freed KV pages in every layer's buffers.
 
 A page freed by one tenant must not leak its K/V into the next tenant that gets it, so the pool scrubs it
 before reuse. Scrubbing is byte-level: all-zero bits are 0 in every float, int and fp8 dtype, so one kernel
@@ -61,31 +61,6 @@ def scrub_pages(
         rows = _page_rows(page_ids, page_size)  # [num_pages * page_size] int64
         for buf in live:
             _fill_rows(buf).index_fill_(0, rows, 0)
-
-
-def scrub_rows(req_to_token: torch.Tensor, row_ids: torch.Tensor) -> None:
-    """Reset whole request rows of ``req_to_token`` to slot 0 (SGLang's padding slot), in place.
-
-    Args:
-        req_to_token: ``[num_req_rows, max_context_len]`` int32 request -> slot table. MUTATED: the listed
-            rows become all 0.
-        row_ids: ``[n]`` int64 row indices (request pool indices) on the same device.
-
-    Raises:
-        ValueError: wrong rank/dtype/device, or a row id out of ``[0, num_req_rows)``.
-    """
-    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
-        raise ValueError("req_to_token must be a 2-D int32 tensor [num_req_rows, max_context_len]")
-    if not isinstance(row_ids, torch.Tensor) or row_ids.dim() != 1 or row_ids.dtype != torch.int64:
-        raise ValueError("row_ids must be a 1-D int64 tensor")
-    if row_ids.device != req_to_token.device:
-        raise ValueError(f"row_ids is on {row_ids.device} but req_to_token is on {req_to_token.device}")
-    if row_ids.numel() == 0:
-        return
-    lo, hi = (int(x) for x in torch.aminmax(row_ids))
-    if lo < 0 or hi >= req_to_token.shape[0]:
-        raise ValueError(f"row_ids must lie in [0, {req_to_token.shape[0]}), got min={lo} max={hi}")
-    req_to_token.index_fill_(0, row_ids, 0)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
 
 pytestmark = pytest.mark.e2e
 

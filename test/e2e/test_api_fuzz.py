@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sglang_iso.server.gate import TENANT_PATHS
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 from .test_request_plane import assert_alive_and_isolated, call, write_alpha_beta

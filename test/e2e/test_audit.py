@@ -21,8 +21,8 @@ import pytest
 
 from sglang_iso.audit import main
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, baseline_server_argv, free_port
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port
 
 from .conftest import CPU_SIZES, start_iso_server
 from .test_tenants import TENANTS, write_tenants_file

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_demo_shows_hit_miss_and_401() -> None:
-    out = subprocess.run([sys.executable, "-m", "sglang_iso.demo"], capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "sglang_iso_testing.demo"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = {}
     for line in out.stdout.splitlines():

@@ -21,8 +21,8 @@ import openai
 import pytest
 import sglang as sgl
 
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 from .test_tenants import auth, generate, long_prompt

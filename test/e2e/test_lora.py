@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.lora_adapter import write_tiny_adapter
+from sglang_iso_testing.process import ServerProcess, request_json
 
 from .conftest import start_iso_server
-from .lora_adapter import write_tiny_adapter
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@
 Run on the attention backends: ``torch_native`` and ``triton`` (on CPU under the
 Triton interpreter, so the check's Triton kernel runs in the server too), and
 ``flashinfer`` with CUDA graphs on a GPU (marker ``gpu``). The
-server runs with the test-only plant switch: an admin command arms the next
+server loads the test-only plant plugin (``sglang_iso_testing.plant``): an admin command arms the next
 forward of one tenant to get a slot of another tenant's page written into its
 row. The request must be aborted with a clear error, the violation counter must
 rise, and the planted slot must have been redirected to the all-zero page (the
@@ -23,8 +23,10 @@ import pytest
 import torch
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, free_port, iso_server_argv, request_json
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.plant import COMMAND as PLANT
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv, request_json
 
 from .conftest import CPU_SIZES
 
@@ -48,7 +50,7 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
     (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
     backend_env, backend_flags = BACKENDS[backend]
-    env = {"SGLANG_ISO_TEST_PLANT_FOREIGN": "1", **backend_env}
+    env = {**plant_env(), **backend_env}
     model = _head_dim_64_model(tmp_path) if backend == "flashinfer" else tiny_model_path()
     port = free_port()
     argv = iso_server_argv(
@@ -75,6 +77,9 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
     def status() -> dict:
         return server_info()["internal_states"][0]["sglang_iso"]["tree_cache"]
 
+    def planted() -> dict:
+        return server_info()["internal_states"][0]["sglang_iso_testing"]
+
     try:
         server.start()
         assert server_info()["attention_backend"] == backend
@@ -92,7 +97,7 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
 
         code, armed = server.post(
             "/set_internal_state",
-            {"server_args": {"sglang_iso.test_plant:acme": 1}},
+            {"server_args": {PLANT + "acme": 1}},
             headers={"Authorization": f"Bearer {keys['admin']}"},
         )
         assert code == 200, armed
@@ -103,7 +108,7 @@ def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: st
         assert "isolation violation" in message
         after = status()
         assert after["owner_violations"] >= 1
-        assert after["owner_planted_read_zero"] >= 1  # the planted slot pointed into the all-zero page
+        assert planted()["planted_read_zero"] >= 1  # the planted slot pointed into the all-zero page
         assert "isolation-violation" in server.log_text()
 
         code, out = gen("acme", "acme question three")  # served normally afterwards

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 

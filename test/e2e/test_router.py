@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess, free_port
-from sglang_iso.server.routing import ROUTING_KEY_HEADER, router_argv, wait_for_workers
 from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing.process import ServerProcess, free_port
+from sglang_iso_testing.routing import ROUTING_KEY_HEADER, router_argv, wait_for_workers
 
 from .conftest import start_iso_server
 from .test_frontend import TWO_TENANTS, write_two_tenants_file

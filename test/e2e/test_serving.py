@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess
+from sglang_iso_testing.process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess
+from sglang_iso_testing.plant import COMMAND as PLANT
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 from .test_tenants import auth, write_tenants_file
@@ -48,7 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> It
         "--tenants-file", str(path), "--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
         "--speculative-num-draft-tokens", str(DRAFTS), "--enable-metrics",
         # NOTE: the Triton backend needs the interpreter on CPU; the plant switch arms only on an admin command
-        env={"TRITON_INTERPRET": "1", "SGLANG_ISO_TEST_PLANT_FOREIGN": "1"},
+        env={"TRITON_INTERPRET": "1", **plant_env()},
     )  # fmt: skip
     try:
         srv.start(timeout_s=400)
@@ -134,12 +136,18 @@ def _cache_status(server: ServerProcess, keys: dict[str, str]) -> dict:
     return info["internal_states"][0]["sglang_iso"]["tree_cache"]
 
 
+def _plant_status(server: ServerProcess, keys: dict[str, str]) -> dict:
+    status, info = server.get_with("/get_server_info", auth(keys["admin"]))
+    assert status == 200
+    return info["internal_states"][0]["sglang_iso_testing"]
+
+
 def test_planted_foreign_slot_in_a_verify_pass_is_refused(server: ServerProcess, keys: dict[str, str]) -> None:
     _generate(server, keys["globex"], _prompt())  # globex owns pages
     before = _cache_status(server, keys)
     assert before["kv_owner_check"] == "on" and before["owner_violations"] == 0  # no false positives so far
     status, armed = server.post(
-        "/set_internal_state", {"server_args": {"sglang_iso.test_plant:verify:acme": 1}}, headers=auth(keys["admin"])
+        "/set_internal_state", {"server_args": {PLANT + "verify:acme": 1}}, headers=auth(keys["admin"])
     )
     assert status == 200, armed
     status, out = server.post(
@@ -150,7 +158,7 @@ def test_planted_foreign_slot_in_a_verify_pass_is_refused(server: ServerProcess,
     aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
     assert (aborted or 400 <= status < 500) and "isolation violation" in str(out), (status, out)
     after = _cache_status(server, keys)
-    assert after["owner_violations"] >= 1 and after["owner_planted_read_zero"] >= 1
+    assert after["owner_violations"] >= 1 and _plant_status(server, keys)["planted_read_zero"] >= 1
     assert "TEST plant" in server.log_text()
     again = _generate(server, keys["acme"], _prompt())  # served normally afterwards
     assert again["meta_info"]["finish_reason"]["type"] == "length"

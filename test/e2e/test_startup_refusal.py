@@ -6,7 +6,7 @@ import pytest
 
 from sglang_iso.integration.hooks import REQUIRE_ENV
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, ServerStartError, baseline_server_argv, free_port
+from sglang_iso_testing.process import ServerProcess, ServerStartError, baseline_server_argv, free_port
 
 from .conftest import CPU_SIZES, start_iso_server
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
 
@@ -204,7 +204,7 @@ def test_admin_endpoints_need_the_admin_key(server: ServerProcess, keys: dict[st
 def test_scheduler_saw_no_unverified_namespace(server: ServerProcess, keys: dict[str, str]) -> None:
     status, _ = server.post("/get_server_info", {}, headers=auth(keys["acme"]))
     assert status == 403
-    from sglang_iso.server.process import request_json
+    from sglang_iso_testing.process import request_json
 
     status, info = request_json(server.base_url + "/get_server_info", None, headers=auth(keys["admin"]))
     assert status == 200

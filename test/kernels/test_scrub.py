@@ -1,11 +1,11 @@
-"""scrub_pages / scrub_rows: listed pages become zero in every buffer, every other byte is unchanged."""
+"""scrub_pages: listed pages become zero in every buffer, every other byte is unchanged."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_iso_kernels import _scrub_triton, scrub_pages, scrub_rows
+from sglang_iso_kernels import _scrub_triton, scrub_pages
 from test.kernels.conftest import SEEDS
 
 HEADS, HEAD_DIM, LAYERS = 2, 4, 2
@@ -140,23 +140,6 @@ def test_forcing_triton_on_plain_cpu_is_an_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="use_triton"):
         scrub_pages([torch.ones(4, 2)], torch.tensor([0]), 2, use_triton=True)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_scrub_rows(seed: int, device) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    table = torch.randint(1, 1000, (6, 9), generator=gen, dtype=torch.int32).to(device)  # [rows, max_len]
-    before = table.clone()
-    rows = torch.randperm(6, generator=gen)[:3].to(device)
-    scrub_rows(table, rows)
-    listed = torch.zeros(6, dtype=torch.bool, device=device)
-    listed[rows] = True
-    assert torch.all(table[listed] == 0)
-    assert torch.equal(table[~listed], before[~listed])
-    with pytest.raises(ValueError, match="row_ids"):
-        scrub_rows(table, torch.tensor([6], device=device))
-    with pytest.raises(ValueError, match="req_to_token"):
-        scrub_rows(table.long(), rows)
 
 
 @pytest.mark.gpu

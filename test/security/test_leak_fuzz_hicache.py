@@ -8,9 +8,9 @@ import pytest
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
+from sglang_iso_testing.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants
 
 from ..e2e.conftest import start_iso_server
-from .leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants
 
 pytestmark = pytest.mark.e2e
 

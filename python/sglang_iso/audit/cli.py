@@ -7,7 +7,6 @@ Exit codes: 0 the audit ran (whatever the verdicts), 1 a request failed or too f
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import secrets
 import sys
@@ -15,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sglang_iso import envvars
 
 from .client import APIS, TIMINGS, AuditRequestError, make_client
 from .method import SCOPES, Scope, ScopeSamples, collect
@@ -176,17 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="server root (default %(default)s)")
     p.add_argument(
         "--victim-key",
-        default=os.environ.get("SGLANG_ISO_AUDIT_VICTIM_KEY"),
+        default=envvars.AUDIT_VICTIM_KEY.get(),
         help="API key of the victim (or $SGLANG_ISO_AUDIT_VICTIM_KEY; omit for a server without keys)",
     )
     p.add_argument(
         "--attacker-key",
-        default=os.environ.get("SGLANG_ISO_AUDIT_ATTACKER_KEY"),
+        default=envvars.AUDIT_ATTACKER_KEY.get(),
         help="API key of another tenant, scope other-tenant (or $SGLANG_ISO_AUDIT_ATTACKER_KEY)",
     )
     p.add_argument(
         "--same-tenant-key",
-        default=os.environ.get("SGLANG_ISO_AUDIT_SAME_TENANT_KEY"),
+        default=envvars.AUDIT_SAME_TENANT_KEY.get(),
         help="a second key of the victim's tenant, scope same-tenant (or $SGLANG_ISO_AUDIT_SAME_TENANT_KEY)",
     )
     p.add_argument("--api", choices=sorted(APIS), default="openai", help="openai: /v1/completions; sglang: /generate")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX, NamespaceStats, Policy
+from sglang_iso.cache.results import NamespaceStats
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX, CachePolicy
 
 if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
 
-SHARED_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-"""Names of operator-declared shared prefixes."""
 
 
 @dataclass
@@ -27,7 +25,7 @@ class NamespaceState:
     """Tokens in this namespace's locked nodes."""
     quota: int | None = None
     """Soft cap on resident tokens; None: unlimited."""
-    policy: Policy = "private"
+    policy: CachePolicy = "private"
     hit_tokens: int = 0
     lookup_tokens: int = 0
     inserted_tokens: int = 0
@@ -64,7 +62,8 @@ class Registration:
 
     tenant_id: str
     scope: str
-    """KV-compatibility scope id (``NamespaceKeyer.scope_id``)."""
+    """KV-compatibility scope: requests in one scope compute identical KV for identical tokens (the tenant cache
+    uses the base model's scope, and one per adapter load); a shared prefix is read only within its scope."""
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+from sglang_iso.constants import CachePolicy
 
 if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
 
-Policy = Literal["private", "off"]
-POLICIES: tuple[Policy, ...] = ("private", "off")
-"""``private``: the namespace caches and reuses its own prefixes. ``off``: it never inserts or matches."""
-
-SHARED_NAMESPACE_PREFIX = "shared:"
-"""Namespace ids of operator-declared shared prefixes are ``shared:<name>``; tenants may not use it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +79,7 @@ class NamespaceStats(NamedTuple):
     """Resident tokens in locked nodes."""
     quota: int | None
     """Soft cap on ``resident``; None means unlimited."""
-    policy: Policy
+    policy: CachePolicy
     hit_tokens: int
     """Tokens returned by ``match`` (for a shared namespace: tokens served to readers)."""
     lookup_tokens: int

@@ -27,18 +27,12 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from sglang_iso.cache.integrity import check_tree_integrity
-from sglang_iso.cache.namespaces import SHARED_NAME_PATTERN, NamespaceState, Registration, SharedPrefix
+from sglang_iso.cache.namespaces import NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, iter_subtree
-from sglang_iso.cache.results import (
-    POLICIES,
-    SHARED_NAMESPACE_PREFIX,
-    InsertResult,
-    MatchResult,
-    NamespaceStats,
-    NodeHandle,
-    Policy,
-)
+from sglang_iso.cache.results import InsertResult, MatchResult, NamespaceStats, NodeHandle
 from sglang_iso.cache.tree_core import TreeCore, as_key
+from sglang_iso.constants import CACHE_POLICIES, SHARED_NAMESPACE_PREFIX, CachePolicy
+from sglang_iso.names import SHARED_PREFIX_NAME_PATTERN, is_shared_prefix_key
 
 _EMPTY_HANDLE = NodeHandle(())
 
@@ -82,8 +76,10 @@ class TenantRadixTree(TreeCore):
         Raises:
             ValueError: bad or duplicate name, empty, page-unaligned or non-int tokens, bad readers.
         """
-        if not isinstance(name, str) or SHARED_NAME_PATTERN.fullmatch(name) is None:
-            raise ValueError(f"shared name must match {SHARED_NAME_PATTERN.pattern!r}, got {name!r}")
+        if not is_shared_prefix_key(name):
+            raise ValueError(
+                f"shared name must match {SHARED_PREFIX_NAME_PATTERN.pattern!r} in lowercase (its key), got {name!r}"
+            )
         if name in self._shared:
             raise ValueError(f"shared prefix {name!r} is already declared")
         key = array("q", as_key(tokens, len(tokens)))  # a copy: the caller may reuse its array
@@ -111,11 +107,11 @@ class TenantRadixTree(TreeCore):
         else:
             self._quota_ns.add(ns)
 
-    def set_policy(self, ns: str, policy: Policy) -> None:
+    def set_policy(self, ns: str, policy: CachePolicy) -> None:
         """``"off"``: ``ns`` stops inserting and matching (existing entries stay until evicted or flushed)."""
         self._check_ns(ns, allow_shared=True)
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if policy not in CACHE_POLICIES:
+            raise ValueError(f"policy must be one of {CACHE_POLICIES}, got {policy!r}")
         self._state(ns).policy = policy
 
     # ------------------------------------------------------------------------------------------------- cache ops

@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple
 
 from sglang_iso.cache.namespaces import NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, common_prefix_len, iter_subtree, page_key
-from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
 
 logger = logging.getLogger(__name__)
 

@@ -5,19 +5,15 @@ from __future__ import annotations
 from sglang_iso.identity.cache_identity import (
     ENCODING_VERSION,
     IDENTITY_DOMAIN_TAG,
-    TENANT_ID_PATTERN,
     CacheIdentity,
     encode_identity,
 )
-from sglang_iso.identity.namespace import MIN_SECRET_BYTES, NamespaceKeyer, NamespaceRef
+from sglang_iso.identity.namespace import NamespaceKeyer
 
 __all__ = [
     "ENCODING_VERSION",
     "IDENTITY_DOMAIN_TAG",
-    "MIN_SECRET_BYTES",
-    "TENANT_ID_PATTERN",
     "CacheIdentity",
     "NamespaceKeyer",
-    "NamespaceRef",
     "encode_identity",
 ]

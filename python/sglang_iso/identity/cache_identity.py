@@ -23,9 +23,10 @@ prefixes make ``("a", "bc")`` and ``("ab", "c")`` different.
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass
+
+from sglang_iso.names import TENANT_ID_PATTERN
 
 IDENTITY_DOMAIN_TAG = b"sglang-iso/cache-identity"
 """Domain-separation tag of :func:`encode_identity`; never reused for another encoding."""
@@ -33,8 +34,6 @@ IDENTITY_DOMAIN_TAG = b"sglang-iso/cache-identity"
 ENCODING_VERSION = 1
 """Bumped whenever the wire format or the field list changes."""
 
-TENANT_ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
-"""A tenant id must fully match this (lowercase, digits, dashes; 1-64 chars)."""
 
 _MAX_FIELD_BYTES = 2**32 - 1
 

@@ -3,40 +3,26 @@
 The prefix cache partitions entries by these ids. They are keyed with an
 operator secret so that a client who knows another tenant's identity fields
 still cannot compute (or guess) that tenant's namespace id, and so ids leak
-nothing when logged. Three ids exist, each under its own domain tag so none can
-equal another:
+nothing when logged.
 
-* :meth:`NamespaceKeyer.namespace_id`: every field, the cache partition key.
-* :meth:`NamespaceKeyer.tenant_namespace_id`: every field but ``cache_salt``:
-  one id per tenant and model setup, for per-tenant quotas and flushes.
-* :meth:`NamespaceKeyer.scope_id`: neither tenant nor salt: which requests
-  could compute bit-identical KV, the scope an operator-shared prefix is valid in.
+Used by the front end only (:class:`~sglang_iso.server.tagging.NamespaceTagger`):
+it computes :meth:`NamespaceKeyer.namespace_id` of the request's identity (owner,
+model, tokenizer, adapter and its version, KV dtype, page size, client salt) and
+writes it, with the owner and a MAC, into the request's namespace tag
+(:mod:`sglang_iso.identity.tags`). The scheduler never recomputes it: it checks the
+tag's MAC and uses ``t:<owner>:<namespace id>`` as the tree namespace. Per-tenant
+quotas and flushes go by the owner in the tag; the scope a shared prefix is valid
+in is the server's model (one per adapter load for LoRA namespaces), set by the
+tenant cache, not derived here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import NamedTuple
 
-from sglang_iso.identity.cache_identity import CacheIdentity, encode_fields, encode_identity, kv_fields
-
-MIN_SECRET_BYTES = 32
-"""Shortest accepted HMAC key (256 bits, the SHA-256 output size)."""
-
-TENANT_NAMESPACE_DOMAIN_TAG = b"sglang-iso/tenant-namespace"
-SCOPE_DOMAIN_TAG = b"sglang-iso/kv-scope"
-
-
-class NamespaceRef(NamedTuple):
-    """The ids a cache needs about one request identity."""
-
-    namespace_id: str
-    """Partition key of the request's cache entries (hex)."""
-    tenant_id: str
-    """Plain tenant id, for reader lists of operator-shared prefixes."""
-    scope_id: str
-    """KV-compatibility scope (hex); see :meth:`NamespaceKeyer.scope_id`."""
+from sglang_iso.constants import MIN_SECRET_BYTES
+from sglang_iso.identity.cache_identity import CacheIdentity, encode_identity
 
 
 class NamespaceKeyer:
@@ -59,23 +45,6 @@ class NamespaceKeyer:
     def namespace_id(self, identity: CacheIdentity) -> str:
         """Hex HMAC-SHA-256 over :func:`encode_identity` (64 lowercase hex chars)."""
         return self._mac(encode_identity(identity))
-
-    def tenant_namespace_id(self, identity: CacheIdentity) -> str:
-        """Like :meth:`namespace_id` but ignoring ``cache_salt``: one id for all of a tenant's salts."""
-        fields: list[str | int | None] = [identity.tenant_id, *kv_fields(identity)]
-        return self._mac(encode_fields(TENANT_NAMESPACE_DOMAIN_TAG, fields, {3, 4}))
-
-    def scope_id(self, identity: CacheIdentity) -> str:
-        """Id of the fields that determine the KV bytes (model, tokenizer, adapter, dtype, page size).
-
-        Two identities with the same scope id compute identical KV for identical
-        tokens; an operator-shared prefix is only readable within one scope.
-        """
-        return self._mac(encode_fields(SCOPE_DOMAIN_TAG, kv_fields(identity), {2, 3}))
-
-    def describe(self, identity: CacheIdentity) -> NamespaceRef:
-        """All ids of ``identity`` at once, as the cache's ``register_namespace`` wants them."""
-        return NamespaceRef(self.namespace_id(identity), identity.tenant_id, self.scope_id(identity))
 
     def verify(self, identity: CacheIdentity, tag: str) -> bool:
         """True iff ``tag`` is :meth:`namespace_id` of ``identity``; constant-time, never raises on bad input."""

@@ -34,13 +34,15 @@ import hmac
 import logging
 import re
 
+from sglang_iso.constants import MIN_SECRET_BYTES
+from sglang_iso.names import TENANT_ID_PATTERN
+
 logger = logging.getLogger(__name__)
 
 TAG_VERSION = "iso1"
 _MAC_DOMAIN = b"sglang-iso/ns-tag/v1"
-_TAG_RE = re.compile(r"iso1\.([a-z0-9][a-z0-9-]{0,63})\.([0-9a-f]{64})\.([0-9a-f]{64})([0-9a-f]{32})?")
+_TAG_RE = re.compile(rf"iso1\.({TENANT_ID_PATTERN.pattern})\.([0-9a-f]{{64}})\.([0-9a-f]{{64}})([0-9a-f]{{32}})?")
 _LORA_ID_RE = re.compile(r"[0-9a-f]{32}")  # SGLang's LoRA ids: uuid4().hex or uuid5(...).hex
-MIN_SECRET_BYTES = 32
 
 
 def _mac(secret: bytes, tenant: str, namespace_id: str) -> str:

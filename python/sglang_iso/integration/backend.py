@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry
 
+from sglang_iso import envvars
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
 from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
-from sglang_iso.integration.tenant_cache import BACKEND_NAME, TenantPolicy, TenantRadixCache
+from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 from sglang_iso.server.speculative import uncovered_speculative
 
 if TYPE_CHECKING:
@@ -20,11 +21,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BACKEND_NAME", "TenantRadixCache", "build_tenant_cache"]
+__all__ = ["TenantRadixCache", "build_tenant_cache"]
 
 
 # "on-free" (default) or "off"; set by the launcher's --kv-scrub, inherited by the scheduler.
-SCRUB_ENV = "SGLANG_ISO_KV_SCRUB"
+SCRUB_ENV = envvars.KV_SCRUB.name
 SCRUB_MODES = ("on-free", "off")
 
 
@@ -32,9 +33,7 @@ def scrub_mode() -> str:
     """Raises:
     UnsupportedConfigError: an unknown mode (fail closed rather than run unscrubbed by typo).
     """
-    import os
-
-    mode = os.environ.get(SCRUB_ENV, "on-free")
+    mode = envvars.KV_SCRUB.get()
     if mode not in SCRUB_MODES:
         raise UnsupportedConfigError(f"{SCRUB_ENV}={mode!r}: expected one of {SCRUB_MODES}")
     return mode
@@ -114,12 +113,10 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
         UnsupportedConfigError: L3 storage without a namespace secret, or its directory cannot be created.
     """
     import math
-    import os
 
     from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
     from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
     from sglang_iso.integration.scrub import kv_buffers
-    from sglang_iso.server.hicache_args import L3_DIR_ENV
 
     server_args = ctx.server_args
 
@@ -130,7 +127,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     cache.host = cache.token_to_kv_pool_host = HostCache(cache, capacity)
     cache.tree.set_spill(cache.host.spill)
     logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
-    directory = os.environ.get(L3_DIR_ENV)
+    directory = envvars.L3_DIR.get()
     if not directory:
         return
     if not secret:

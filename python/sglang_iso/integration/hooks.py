@@ -12,10 +12,12 @@ from typing import Any
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
 # Set by sglang-iso's launcher; inherited by every spawned SGLang process.
-REQUIRE_ENV = "SGLANG_ISO_REQUIRE_TENANT_CACHE"
+REQUIRE_ENV = envvars.REQUIRE_TENANT_CACHE.name
 
 
 class UnhardenedCacheError(RuntimeError):
@@ -127,20 +129,7 @@ FLUSH_COMMAND = "sglang_iso.flush:"
 # "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
 FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
-# Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot
-# ("verify:<tenant>": its next speculative verify forward).
-PLANT_COMMAND = "sglang_iso.test_plant:"
-
-
-def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
-    from sglang_iso.integration.owner_check import TEST_PLANT_ENV
-
-    owners = getattr(tree_cache, "owners", None)
-    if os.environ.get(TEST_PLANT_ENV) != "1" or owners is None:
-        logger.warning("sglang-iso: test plant refused (not enabled)")
-        return False
-    owners.armed_plants.add(tenant)
-    return True
+# NOTE: test-only commands (the foreign-slot plant) live in test plugins (sglang_iso.plugin.test_plugin_refusal).
 
 
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -150,7 +139,7 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         k
         for k in requested
         if isinstance(k, str)
-        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
+        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND)) or k == CHECK_COMMAND)
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
@@ -167,9 +156,6 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         if key.startswith(FLUSH_ADAPTER_COMMAND):
             released = tree_cache.flush_adapter(key[len(FLUSH_ADAPTER_COMMAND) :])
             logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", key, released)
-            continue
-        if key.startswith(PLANT_COMMAND):
-            ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         from sglang_iso.integration.spec_ngram import flush_tenant

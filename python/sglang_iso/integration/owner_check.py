@@ -36,18 +36,19 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import os
 import weakref
 from typing import Any, NamedTuple
 
 import torch
 
+from sglang_iso import envvars
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
+
 logger = logging.getLogger(__name__)
 
 FREE = -1
 UNTAGGED = 0  # requests without a verified namespace: they never share, so one slot for all is enough
-OWNER_CHECK_ENV = "SGLANG_ISO_KV_OWNER_CHECK"  # "on" (default) or "off"
-TEST_PLANT_ENV = "SGLANG_ISO_TEST_PLANT_FOREIGN"  # test-only: arms "sglang_iso.test_plant:<owner>" commands
+OWNER_CHECK_ENV = envvars.KV_OWNER_CHECK.name  # "on" (default) or "off"
 _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
@@ -116,9 +117,6 @@ class OwnerTable:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
         self.violating_rows: set[int] = set()
-        self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV): "<tenant>" or "verify:<tenant>"
-        self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
-        self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
@@ -223,7 +221,7 @@ class OwnerTable:
     def _fill_allowed(self, slot: int, ns: str | None) -> None:
         """Write ``allowed[slot]``: the zero page's slot and the shared prefixes ``ns`` may read (fixed by
         configuration, so once per slot). Grows the table when needed (rare; scheduler thread)."""
-        shared = [self.slot_of("shared:" + name) for name in self.cache.readable_shared(ns)] if ns else []
+        shared = [self.slot_of(SHARED_NAMESPACE_PREFIX + name) for name in self.cache.readable_shared(ns)] if ns else []
         row = [self.zero_owner, *shared]
         rows, width = self.allowed.shape
         if slot >= rows or len(row) > width:
@@ -246,7 +244,7 @@ class OwnerTable:
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self.page_owner[pages] = self.slot_of("shared:" + name)
+        self.page_owner[pages] = self.slot_of(SHARED_NAMESPACE_PREFIX + name)
 
     # ------------------------------------------------------------------ the check
     def check_batch(self, forward_batch: Any) -> None:
@@ -270,12 +268,8 @@ class OwnerTable:
             drafts = int(forward_batch.spec_info.draft_token_num)
             write_start, seq_lens = seq_lens, seq_lens + drafts
             total = int(total) + drafts * int(rows.numel())
-        req_to_token = self.cache.req_to_token_pool.req_to_token
-        if self.armed_plants:
-            verify = bool(forward_batch.forward_mode.is_target_verify())
-            self._plant_batch(rows.tolist(), req_to_token, verify)  # test-only path, host reads allowed
         counts = sanitize_rows(
-            req_to_token,
+            self.cache.req_to_token_pool.req_to_token,
             rows,
             seq_lens,
             write_start,
@@ -332,13 +326,9 @@ class OwnerTable:
             return
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-        req_to_token = self.cache.req_to_token_pool.req_to_token
         for req in getattr(batch, "reqs", None) or []:
             row = req.kv.req_pool_idx
             if row is not None and int(row) in self.violating_rows:
-                for pos, original in self._planted.pop(int(row), []):
-                    self.planted_read_zero += self._reads_zero(int(req_to_token[int(row), pos]))
-                    req_to_token[int(row), pos] = original  # test plant: give the row its own slot back
                 req.to_finish = FINISH_ABORT(
                     "sglang-iso: isolation violation: the request referenced KV it does not own; aborted",
                     err_type="IsolationViolation",
@@ -346,41 +336,12 @@ class OwnerTable:
                 self.violating_rows.discard(int(row))
 
     def status(self) -> dict[str, int]:
-        """Counters for /get_server_info (``planted_read_zero`` only moves in the test-plant mode)."""
-        return {"owner_violations": self.violations, "owner_planted_read_zero": self.planted_read_zero}
+        """Counters for /get_server_info."""
+        return {"owner_violations": self.violations}
 
-    def _reads_zero(self, slot: int) -> bool:
-        """Test-only: ``slot`` lies in the zero page and that page is zero in every KV buffer."""
-        from sglang_iso.integration.scrub import kv_buffers
-
-        if slot // self.page_size != self.zero_page:
-            return False
-        lo, hi = self.zero_page * self.page_size, (self.zero_page + 1) * self.page_size
-        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache())
-        return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
-
-    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor, verify: bool = False) -> None:
-        for row in rows:
-            owner = int(self.row_owner[row])
-            if owner != FREE and self._plant(row, owner, req_to_token, verify):
-                return
-
-    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor, verify: bool) -> bool:
-        """Test-only: write one slot of a page another owner holds at position 0 of this row (armed as
-        ``verify:<tenant>``: only in a speculative verify forward)."""
-        ns = self._namespaces.get(owner)
-        tenant = self.cache.resolver.tenant_of(ns) if ns else None
-        armed = next((a for a in (tenant, f"verify:{tenant}" if verify else None) if a in self.armed_plants), None)
-        if tenant is None or armed is None:
-            return False
-        foreign = ((self.page_owner != owner) & (self.page_owner > self.zero_owner)).nonzero().flatten()
-        if foreign.numel() == 0:
-            return False
-        self.armed_plants.discard(armed)
-        self._planted.setdefault(row, []).append((0, int(req_to_token[row, 0])))
-        req_to_token[row, 0] = int(foreign[0]) * self.page_size
-        logger.warning("sglang-iso: TEST plant of a foreign slot into row %d", row)
-        return True
+    def namespace_of(self, slot: int) -> str | None:
+        """The namespace holding owner ``slot`` (None for UNTAGGED or an unknown slot)."""
+        return self._namespaces.get(slot)
 
 
 def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
@@ -395,7 +356,7 @@ def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
 
 
 def owner_check_mode() -> str:
-    mode = os.environ.get(OWNER_CHECK_ENV, "on")
+    mode = envvars.KV_OWNER_CHECK.get()
     if mode not in ("on", "off"):
         raise ValueError(f"{OWNER_CHECK_ENV}={mode!r}: expected 'on' or 'off'")
     return mode

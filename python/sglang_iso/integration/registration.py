@@ -6,8 +6,9 @@ import logging
 
 from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
+from sglang_iso.constants import BACKEND_NAME
 from sglang_iso.integration import dp_routing, frontend, hooks
-from sglang_iso.integration.backend import BACKEND_NAME, build_tenant_cache
+from sglang_iso.integration.backend import build_tenant_cache
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import logging
 from typing import Any, Literal
 
 from sglang_iso.cache import TenantRadixTree
+from sglang_iso.names import shared_prefix_key
 from sglang_iso.tenancy.config import TenantsConfig
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ def declare_shared_prefixes(tree: TenantRadixTree, config: TenantsConfig, tokeni
         if not tokens:
             logger.warning("sglang-iso: shared prefix %r is shorter than one page; not declared", prefix.name)
             continue
-        tree.declare_shared(_tree_name(prefix.name), tokens, _readers(config, prefix.tenants), scope=SCOPE)
+        tree.declare_shared(shared_prefix_key(prefix.name), tokens, _readers(config, prefix.tenants), scope=SCOPE)
         declared += 1
         logger.info("sglang-iso: shared prefix %r declared (%d tokens)", prefix.name, len(tokens))
     return declared
@@ -66,8 +67,3 @@ def _readers(config: TenantsConfig, tenants: Any) -> frozenset[str] | Literal["*
             groups.setdefault(t.group, []).append(t.id)
     owners |= {g for g, members in groups.items() if all(m in listed for m in members)}
     return frozenset(owners)
-
-
-def _tree_name(name: str) -> str:
-    # The tree's shared names are lowercase; config names may use capitals.
-    return name.lower()

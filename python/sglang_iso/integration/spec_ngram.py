@@ -26,19 +26,18 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import weakref
 from typing import Any
 
 import numpy as np
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
-CORPUS_ENV = "SGLANG_ISO_NGRAM_CORPUS"  # "namespace" (default) or "shared"
-CAPACITY_ENV = "SGLANG_ISO_NGRAM_NS_CAPACITY"  # trie nodes per namespace corpus (each is preallocated)
-MAX_NAMESPACES_ENV = "SGLANG_ISO_NGRAM_MAX_NAMESPACES"  # corpora kept before the least recently used is dropped
-DEFAULT_NS_CAPACITY = 100_000
-DEFAULT_MAX_NAMESPACES = 32
+CORPUS_ENV = envvars.NGRAM_CORPUS.name  # "namespace" (default) or "shared"
+CAPACITY_ENV = envvars.NGRAM_NS_CAPACITY.name  # trie nodes per namespace corpus (each is preallocated)
+MAX_NAMESPACES_ENV = envvars.NGRAM_MAX_NAMESPACES.name  # corpora kept before the least recently used is dropped
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
@@ -59,7 +58,7 @@ def corpus_mode() -> str:
     """Raises:
     UnsupportedNgramConfigError: an unknown mode (fail closed rather than share by typo).
     """
-    mode = os.environ.get(CORPUS_ENV, "namespace")
+    mode = envvars.NGRAM_CORPUS.get()
     if mode not in ("namespace", "shared"):
         raise UnsupportedNgramConfigError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
     return mode
@@ -102,8 +101,8 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
         "max_trie_depth": spec.speculative_ngram_max_trie_depth,
         "draft_token_num": spec.speculative_num_draft_tokens,
     }
-    capacity = min(int(spec.speculative_ngram_capacity), int(os.environ.get(CAPACITY_ENV, DEFAULT_NS_CAPACITY)))
-    max_ns = int(os.environ.get(MAX_NAMESPACES_ENV, DEFAULT_MAX_NAMESPACES))
+    capacity = min(int(spec.speculative_ngram_capacity), int(envvars.NGRAM_NS_CAPACITY.get() or 0))
+    max_ns = int(envvars.NGRAM_MAX_NAMESPACES.get() or 0)
     resolver, no_retention = _resolver()
     worker.ngram_corpus = NamespacedNgramCorpus(
         resolver, kwargs, capacity=capacity, max_namespaces=max_ns, no_retention=no_retention

@@ -41,7 +41,8 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_iso import observability
-from sglang_iso.cache import NodeHandle, Policy, TenantRadixTree
+from sglang_iso.cache import NodeHandle, TenantRadixTree
+from sglang_iso.constants import BACKEND_NAME, CachePolicy
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
@@ -51,14 +52,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BACKEND_NAME = "tenant"
 
 
 class TenantPolicy(NamedTuple):
     """Cache settings of one namespace owner (a tenant, or a cache group)."""
 
     quota_tokens: int | None  # cap on resident tokens per namespace; None = unlimited
-    policy: Policy  # "private" or "off"
+    policy: CachePolicy  # "private" or "off"
 
 
 class IsoNode:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+from sglang_iso import envvars
 from sglang_iso.platform import cpu, hicache_cpu, lora_cpu
 
 
@@ -15,7 +14,7 @@ def apply() -> None:
 
 
 def cuda_available() -> bool:
-    if os.environ.get("SGLANG_ISO_FORCE_CPU") == "1":
+    if envvars.FORCE_CPU.get() == "1":
         return False
     try:
         import torch

@@ -29,6 +29,8 @@ import sys
 import types
 from typing import NoReturn
 
+from sglang_iso import envvars
+
 # Names that sglang 0.5.23 imports from ``sgl_kernel`` at module level when
 # SGLANG_USE_CPU_ENGINE=1. Keep in step with the pinned wheel; the
 # compatibility test imports every module that needs them.
@@ -53,7 +55,7 @@ class MissingKernelError(RuntimeError):
 
 def should_apply() -> bool:
     """True when this process runs SGLang without CUDA."""
-    if os.environ.get("SGLANG_ISO_FORCE_CPU") == "1":
+    if envvars.FORCE_CPU.get() == "1":
         return True
     try:
         import torch

@@ -25,11 +25,13 @@ from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
 # Top-level modules whose import needs the shims on a CPU-only torch.
 TRIGGER_MODULES = frozenset({"sglang", "torchvision"})
-DISABLE_ENV = "SGLANG_ISO_NO_CPU_HOOK"
+DISABLE_ENV = envvars.NO_CPU_HOOK.name
 PTH_NAME = "sglang_iso_cpu_hook.pth"
 # NOTE: one line, executed by site.py at every interpreter start; it must never raise (a broken line
 # prints a traceback in every process), so a removed package or a failing import is ignored.

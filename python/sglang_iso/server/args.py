@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from sglang_iso.constants import BACKEND_NAME as TENANT_BACKEND
 from sglang_iso.server.argv import flag_value, has_flag
-
-TENANT_BACKEND = "tenant"
 
 # (flag, value or None for a switch): SGLang flags the CPU default set adds.
 CPU_DEFAULTS: tuple[tuple[str, str | None], ...] = (

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from sglang_iso import envvars
 from sglang_iso.server.argv import flag_value, has_flag, without_flag
 
-L3_DIR_ENV = "SGLANG_ISO_L3_DIR"
+L3_DIR_ENV = envvars.L3_DIR.name
 """Set by the launcher, read by the scheduler's cache factory: the L3 file store's directory."""
 UPSTREAM_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 DEFAULT_DIR = "/tmp/hicache"

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from sglang_iso.tenancy.config import (
     ALL_TENANTS,
-    CachePolicy,
     PrefixMessage,
     SharedPrefix,
     Tenant,
     TenantsConfig,
-    is_valid_tenant_id,
     load_tenants_file,
 )
 from sglang_iso.tenancy.errors import ConfigError
@@ -24,7 +22,6 @@ from sglang_iso.tenancy.keys import KeyIndex, Principal, key_sha256, new_api_key
 
 __all__ = [
     "ALL_TENANTS",
-    "CachePolicy",
     "ConfigError",
     "KeyIndex",
     "PrefixMessage",
@@ -32,7 +29,6 @@ __all__ = [
     "SharedPrefix",
     "Tenant",
     "TenantsConfig",
-    "is_valid_tenant_id",
     "key_sha256",
     "load_tenants_file",
     "new_api_key",

@@ -17,7 +17,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from sglang_iso.tenancy.config import ConfigError, is_valid_tenant_id, load_tenants_file
+from sglang_iso.names import is_valid_tenant_id
+from sglang_iso.tenancy.config import ConfigError, load_tenants_file
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
 KEYS_PROG = "sglang-iso keys"

@@ -35,26 +35,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sglang_iso.identity import TENANT_ID_PATTERN
+from sglang_iso.constants import CACHE_POLICIES, CachePolicy
+from sglang_iso.names import (
+    ADAPTER_NAME_PATTERN,
+    GROUP_NAME_PATTERN,
+    SHARED_PREFIX_NAME_PATTERN,
+    TENANT_ID_PATTERN,
+    is_valid_shared_prefix_name,
+    is_valid_tenant_id,
+    shared_prefix_key,
+)
 from sglang_iso.tenancy._locate import LineLocator
 from sglang_iso.tenancy._validate import KEY_HASH_PATTERN, Validator
 from sglang_iso.tenancy.errors import ConfigError
 from sglang_iso.tenancy.secret import SecretError, read_secret_env, read_secret_file
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN",
     "ALL_TENANTS",
-    "GROUP_NAME_PATTERN",
     "KEY_HASH_PATTERN",
-    "SHARED_PREFIX_NAME_PATTERN",
     "AllTenants",
-    "CachePolicy",
     "ConfigError",
     "PrefixMessage",
     "SharedPrefix",
     "Tenant",
     "TenantsConfig",
-    "is_valid_tenant_id",
     "load_tenants_file",
 ]
 
@@ -63,21 +67,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the project's CI runs 3.11+
     import tomli as tomllib
 
-CachePolicy = Literal["private", "off"]
 """``private``: the tenant's (or its group's) own namespace; ``off``: never read or write the cache."""
 
 AllTenants = Literal["*"]
 ALL_TENANTS: AllTenants = "*"
 """Reader list of a shared prefix that every tenant may use."""
 
-GROUP_NAME_PATTERN = TENANT_ID_PATTERN
-"""Names after ``group:`` follow the tenant id rule."""
+_VALID_POLICIES = ", ".join(f'"{p}"' for p in CACHE_POLICIES)
 
-ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
-"""LoRA adapter names a tenant may be allowed: letters, digits, ``.``, ``_``, ``/``, ``-``; 1-128 chars."""
-
-SHARED_PREFIX_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""Shared prefix names: letters, digits, ``.``, ``_``, ``-``; 1-128 chars."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +150,6 @@ _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
 
-def is_valid_tenant_id(tenant_id: object) -> bool:
-    """True if ``tenant_id`` is a str fully matching ``TENANT_ID_PATTERN``."""
-    return isinstance(tenant_id, str) and TENANT_ID_PATTERN.fullmatch(tenant_id) is not None
-
-
 def load_tenants_file(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> TenantsConfig:
     """Read, parse and validate a tenants file.
 
@@ -194,8 +186,11 @@ def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) ->
     prefixes: list[SharedPrefix] = []
     for index, (table, section) in enumerate(v.tables(data, "shared_prefixes", "shared_prefixes", None)):
         prefix = _shared_prefix(v, table, f"shared_prefixes[{index}]", section, tenants)
-        if any(prefix.name == other.name for other in prefixes):
-            v.fail(f"shared_prefixes[{index}].name", f"duplicate shared prefix name {prefix.name!r}", section, "name")
+        same = next((o.name for o in prefixes if shared_prefix_key(o.name) == shared_prefix_key(prefix.name)), None)
+        if same is not None:
+            why = "" if same == prefix.name else f" (names differ only in case from {same!r}; case does not count)"
+            where = f"shared_prefixes[{index}].name"
+            v.fail(where, f"duplicate shared prefix name {prefix.name!r}{why}", section, "name")
         prefixes.append(prefix)
     secret = _secret(v, data, environ)
     return TenantsConfig(secret, frozenset(admin_hashes), tenants, tuple(prefixes), v.source)
@@ -214,14 +209,14 @@ def _tenant(
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
-    if policy_text in ("private", "off"):
+    if policy_text in CACHE_POLICIES:
         policy = "private" if policy_text == "private" else "off"
     elif policy_text.startswith("group:") and GROUP_NAME_PATTERN.fullmatch(policy_text[len("group:") :]):
         policy, group = "private", policy_text[len("group:") :]
     else:
         v.fail(
             f"{field}.cache",
-            f'invalid cache policy {policy_text!r}; valid: "private", "off", "group:<name>" '
+            f'invalid cache policy {policy_text!r}; valid: {_VALID_POLICIES}, "group:<name>" '
             f"(name must match {GROUP_NAME_PATTERN.pattern})",
             section,
             "cache",
@@ -253,7 +248,7 @@ def _shared_prefix(
 ) -> SharedPrefix:
     v.no_unknown_fields(table, _PREFIX_FIELDS, field + ".", section)
     name = v.string(table, "name", f"{field}.name", section)
-    if not SHARED_PREFIX_NAME_PATTERN.fullmatch(name):
+    if not is_valid_shared_prefix_name(name):
         v.fail(
             f"{field}.name", f"invalid name {name!r}; must match {SHARED_PREFIX_NAME_PATTERN.pattern}", section, "name"
         )

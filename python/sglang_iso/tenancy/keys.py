@@ -14,7 +14,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from sglang_iso.tenancy.config import TenantsConfig, is_valid_tenant_id
+from sglang_iso.names import is_valid_tenant_id
+from sglang_iso.tenancy.config import TenantsConfig
 
 API_KEY_PREFIX = "sk-iso-"
 """Prefix of keys minted by :func:`new_api_key` (lets secret scanners recognise leaked keys)."""

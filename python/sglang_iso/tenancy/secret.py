@@ -11,7 +11,7 @@ Accepted encodings, tried in this order, for both a file and an environment vari
    value is used as its UTF-8 bytes.
 
 Whatever the encoding, the decoded secret must be at least
-:data:`~sglang_iso.identity.MIN_SECRET_BYTES` (32) bytes. Nothing here mutates
+:data:`~sglang_iso.constants.MIN_SECRET_BYTES` (32) bytes. Nothing here mutates
 state; functions raise :class:`SecretError` with a reason that never contains
 the secret itself.
 """
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from sglang_iso.identity import MIN_SECRET_BYTES
+from sglang_iso.constants import MIN_SECRET_BYTES
 
 MAX_SECRET_FILE_BYTES = 64 * 1024
 """A larger file is refused: it is almost certainly the wrong path (a model, a log)."""

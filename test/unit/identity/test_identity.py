@@ -169,32 +169,3 @@ def test_repr_hides_secret(caplog: pytest.LogCaptureFixture) -> None:
     assert "super-secret" not in repr(keyer)
     logging.getLogger(__name__).warning("%r", keyer)
     assert "super-secret" not in caplog.text
-
-
-def test_derived_ids_are_domain_separated() -> None:
-    keyer = NamespaceKeyer(SECRET)
-    identity = make()
-    ids = {keyer.namespace_id(identity), keyer.tenant_namespace_id(identity), keyer.scope_id(identity)}
-    assert len(ids) == 3
-
-
-def test_tenant_namespace_id_ignores_salt_only() -> None:
-    keyer = NamespaceKeyer(SECRET)
-    assert keyer.tenant_namespace_id(make(cache_salt="s1")) == keyer.tenant_namespace_id(make(cache_salt=None))
-    assert keyer.namespace_id(make(cache_salt="s1")) != keyer.namespace_id(make(cache_salt=None))
-    assert keyer.tenant_namespace_id(make(tenant_id="a")) != keyer.tenant_namespace_id(make(tenant_id="b"))
-
-
-def test_scope_id_ignores_tenant_and_salt_but_not_kv_fields() -> None:
-    keyer = NamespaceKeyer(SECRET)
-    base = keyer.scope_id(make())
-    assert keyer.scope_id(make(tenant_id="other", cache_salt="x")) == base
-    for change in ({"adapter_id": "lora"}, {"kv_dtype": "fp8"}, {"page_size": 16}, {"model_fingerprint": "m2"}):
-        assert keyer.scope_id(make(**change)) != base, change
-
-
-def test_describe_bundles_ids() -> None:
-    keyer = NamespaceKeyer(SECRET)
-    identity = make()
-    ref = keyer.describe(identity)
-    assert ref == (keyer.namespace_id(identity), "acme", keyer.scope_id(identity))

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
-
-from ..e2e.lora_adapter import write_tiny_adapter
+from sglang_iso_testing.lora_adapter import write_tiny_adapter
+from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.progress import Progress
 
 VOCAB_LOW, VOCAB_HIGH = 16, 2000  # ordinary token ids of the bundled model (0-6 are special)
 SHARED_TEXT = " ".join(f"Policy {i}: be kind, be brief, cite the handbook." for i in range(6))
@@ -127,7 +127,8 @@ class LeakFuzzer:
         self.report = FuzzReport()
 
     # ------------------------------------------------------------------ workload
-    def run(self, ops: int, *, max_seconds: float) -> FuzzReport:
+    def run(self, ops: int, *, max_seconds: float, progress: Progress | None = None) -> FuzzReport:
+        """Run up to ``ops`` operations or ``max_seconds``; ``progress`` (if given) counts each operation."""
         deadline = time.monotonic() + max_seconds
         with ThreadPoolExecutor(max_workers=4) as pool:
             for _ in range(ops):
@@ -145,7 +146,16 @@ class LeakFuzzer:
                     self.abort_while_running(self.rng.choice(self.tenants), pool)
                 else:
                     self.flush(self.rng.choice(self.tenants))
+                if progress is not None:
+                    progress.step(note=self._counters())
         return self.report
+
+    def _counters(self) -> str:
+        r = self.report
+        return (
+            f"[requests {r.requests}, same-owner hits {r.same_owner_hits}, "
+            f"leaks {len(r.leaks)}, errors {len(r.errors)}]"
+        )
 
     def pick_adapter(self, t: Tenant) -> str | None:
         """None (base model) about half the time, else one of the tenant's adapters."""

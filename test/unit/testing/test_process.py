@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.server.process import ServerProcess, ServerStartError, free_port
+from sglang_iso_testing.process import ServerProcess, ServerStartError, free_port
 
 HEALTHY = textwrap.dedent(
     """

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from sglang_iso.server.process import free_port, request_json
+from sglang_iso_testing.process import free_port, request_json
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 """Header read by the router's ``manual`` policy: same value, same worker."""

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.server.process import ServerProcess, ServerStartError, free_port, iso_server_argv
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, ServerStartError, free_port, iso_server_argv
 
 PROMPT = (
     "You are the support assistant of Example Corp. Answer briefly and politely. "

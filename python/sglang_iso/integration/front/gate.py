@@ -1,0 +1,72 @@
+"""Installing the tenant gate in front of SGLang's app, with the /iso/* routes and the SIGHUP reload."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sglang_iso import envvars
+from sglang_iso.integration import lora
+from sglang_iso.integration.front import reload, routes, state
+from sglang_iso.server.admission import Admission, default_limit
+from sglang_iso.server.gate import ReloadableKeys, TenantGate
+from sglang_iso.server.request_rules import Limits
+from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
+from sglang_iso.tenancy.keys import KeyIndex
+
+logger = logging.getLogger(__name__)
+
+
+def tenants_config() -> TenantsConfig | None:
+    """The tenants file the launcher passed (``SGLANG_ISO_TENANTS_FILE``), loaded; None without one."""
+    path = envvars.TENANTS_FILE.get()
+    return load_tenants_file(path) if path else None
+
+
+def install_gate(*args: Any, **kwargs: Any) -> None:
+    """BEFORE ``_setup_and_run_http_server``: put the tenant gate in front of SGLang's app.
+
+    Raises:
+        RuntimeError: the gate could not be installed while a tenants file is set.
+    """
+    config = tenants_config()
+    if config is None:
+        return
+    from sglang.srt.entrypoints import http_server
+
+    keys = ReloadableKeys(KeyIndex(config))
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    tokenizer_manager = kwargs.get("tokenizer_manager", args[1] if len(args) > 1 else None)
+    front = state.FrontState(config, server_args)
+    admission = Admission(
+        lambda tenant: _tenant_limit(front, tenant),
+        default=default_limit(getattr(server_args, "max_running_requests", None)),
+    )
+    http_server.app.add_middleware(
+        TenantGate,
+        keys=keys,
+        limits=_model_limits(tokenizer_manager),
+        admission=admission,
+        metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
+    )
+    state.set_current(front)
+    routes.add_iso_routes(http_server.app, tokenizer_manager, front)
+    lora.prewarm(tokenizer_manager)
+    reload.install_reload(keys, front)
+    logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
+
+
+def _tenant_limit(front: state.FrontState, tenant_id: str) -> int | None:
+    tenant = front.config.tenants.get(tenant_id)
+    return tenant.max_concurrent_requests if tenant is not None else None
+
+
+def _model_limits(tokenizer_manager: Any) -> Limits | None:
+    """Vocabulary size and context length of the served model, for the gate's bounds."""
+    model_config = getattr(tokenizer_manager, "model_config", None)
+    vocab = getattr(model_config, "vocab_size", None)
+    context = getattr(tokenizer_manager, "context_len", None)
+    if not isinstance(vocab, int) or not isinstance(context, int):
+        logger.error("sglang-iso: model limits unknown; token ids and budgets are left to SGLang's checks")
+        return None
+    return Limits(vocab_size=vocab, context_len=context)

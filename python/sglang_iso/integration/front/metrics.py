@@ -1,0 +1,43 @@
+"""Per-tenant metrics and audit records, from each request's final outputs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sglang_iso import observability
+
+
+def enabled() -> bool:
+    """True when metrics or the audit log are on (otherwise outputs are not observed at all)."""
+    return observability.metrics() is not None or observability.audit_logger() is not None
+
+
+def short_namespace(tag: Any) -> str | None:
+    """``iso1.<owner>.<namespace id>.<mac>``: the first 12 hex chars of the id identify it in logs."""
+    parts = tag.split(".") if isinstance(tag, str) else []
+    return parts[2][:12] if len(parts) == 4 else None
+
+
+async def observe(outputs: Any, tenant: str, namespace: str | None) -> AsyncIterator[Any]:
+    """Pass ``outputs`` through; record each finished request's token counts for ``tenant``."""
+    async for out in outputs:
+        for item in out if isinstance(out, list) else [out]:
+            meta = item.get("meta_info") if isinstance(item, dict) else None
+            if isinstance(meta, dict) and meta.get("finish_reason") is not None:
+                _record(tenant, namespace, meta)
+        yield out
+
+
+def _record(tenant: str, namespace: str | None, meta: dict[str, Any]) -> None:
+    prompt_tokens = int(meta.get("prompt_tokens") or 0)
+    cached = int(meta.get("cached_tokens") or 0)
+    m = observability.metrics()
+    if m is not None:
+        m["prompt_tokens"].labels(tenant=tenant).inc(prompt_tokens)
+        m["cached_tokens"].labels(tenant=tenant).inc(cached)
+    if cached > 0:
+        observability.audit(
+            "cache_hit", tenant=tenant, namespace=namespace, hit_tokens=cached,
+            prompt_tokens=prompt_tokens, rid=meta.get("id"),
+        )  # fmt: skip

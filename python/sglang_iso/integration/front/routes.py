@@ -1,0 +1,72 @@
+"""``GET /iso/tenants``, ``POST /iso/flush`` and ``GET /iso/check``.
+
+Admin-only: the gate lets only admins reach /iso/*.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_iso.integration.front.state import FrontState
+
+
+def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
+    """Add the /iso/* routes to SGLang's FastAPI ``app``; they read ``front.config`` at each call."""
+    from fastapi.responses import ORJSONResponse
+
+    from sglang_iso.integration.hooks import CHECK_COMMAND, FLUSH_COMMAND
+
+    async def iso_tenants() -> Any:
+        config = front.config
+        states = await tokenizer_manager.get_internal_state()
+        states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))  # replies come unordered
+        per_rank = [s.get("sglang_iso", {}).get("tenants", {}) for s in states]
+        tenants: dict[str, Any] = {}
+        for tenant in config.tenants.values():
+            owner = tenant.group or tenant.id
+            tenants[tenant.id] = {
+                "cache": tenant.cache_policy if tenant.group is None else f"group:{tenant.group}",
+                "quota_tokens": tenant.quota_tokens,
+                "ranks": [rank.get(owner, {}) for rank in per_rank],
+            }
+        # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
+        unverified = [s.get("sglang_iso", {}).get("tree_cache", {}).get("rejected_tags", 0) for s in states]
+        return ORJSONResponse({"tenants": tenants, "unverified_tags": unverified})
+
+    async def iso_flush(body: dict[str, Any]) -> Any:
+        config = front.config
+        tenant_id = body.get("tenant") if isinstance(body, dict) else None
+        tenant = config.tenants.get(tenant_id) if isinstance(tenant_id, str) else None
+        if tenant is None:
+            return ORJSONResponse(
+                {
+                    "error": {
+                        "message": f"unknown tenant {tenant_id!r}",
+                        "type": "invalid_request_error",
+                        "param": "tenant",
+                        "code": "unknown_tenant",
+                    }
+                },
+                status_code=400,
+            )
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        owner = tenant.group or tenant.id
+        results = await tokenizer_manager.set_internal_state(
+            SetInternalStateReq(server_args={FLUSH_COMMAND + owner: 1})
+        )
+        ok = bool(results) and all(results)
+        return ORJSONResponse(
+            {"flushed": ok, "tenant": tenant.id, "namespace_owner": owner}, status_code=200 if ok else 500
+        )
+
+    async def iso_check() -> Any:
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={CHECK_COMMAND: 1}))
+        ok = bool(results) and all(results)
+        return ORJSONResponse({"integrity_ok": ok}, status_code=200 if ok else 500)
+
+    app.add_api_route("/iso/check", iso_check, methods=["GET"])
+    app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
+    app.add_api_route("/iso/flush", iso_flush, methods=["POST"])

@@ -1,0 +1,70 @@
+"""Every request gets its tenant's namespace tag, set server-side over whatever the client sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_iso import envvars
+from sglang_iso.integration import lora
+from sglang_iso.integration.front import metrics, state
+from sglang_iso.server.gate import STATE_TENANT
+
+TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
+
+
+def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``TokenizerManager.generate_request``: tag the request, then observe its outputs.
+
+    Tagging overwrites the namespace with the server's tag; a request without an
+    authenticated tenant (an internal or unexpected path) gets no tag, so the
+    scheduler serves it without any prefix sharing. Observation feeds the
+    per-tenant metrics and the audit log from the final outputs.
+    """
+    request = kwargs.pop("request", request)
+    try:
+        tenant = tag_request(obj, request, manager)
+    except (lora.AdapterForbidden, lora.AdapterNotLoaded) as exc:
+        return _refused(exc)
+    outputs = original(manager, obj, request, *args, **kwargs)
+    if tenant is None or not metrics.enabled():
+        return outputs
+    return metrics.observe(outputs, tenant, metrics.short_namespace(getattr(obj, "extra_key", None)))
+
+
+def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
+    """Overwrite ``obj``'s namespace fields; returns the authenticated tenant, if any.
+
+    Raises:
+        lora.AdapterForbidden: the request names an adapter its tenant may not use.
+        lora.AdapterNotLoaded: the request names an adapter that is not loaded.
+    """
+    if envvars.TENANTS_FILE.get() is None:
+        return None
+    tenant_state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
+    tenant = tenant_state if isinstance(tenant_state, str) else None
+    front = state.current()
+    tagger = front.tagger if front is not None else None
+    if hasattr(obj, "lora_id"):
+        obj.lora_id = None  # NOTE: SGLang sets it from lora_path; a client-chosen id would skip the allow-list
+    entry = tagger.config.tenants.get(tenant) if tagger is not None and tenant is not None else None
+    adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None))
+    tag = None
+    if tenant is not None and tagger is not None:
+        salt = getattr(obj, "cache_salt", None)
+        tag = tagger.tag(
+            tenant,
+            cache_salt=salt if isinstance(salt, str) else None,
+            adapter=adapter.name if adapter is not None else None,
+            adapter_version=adapter.version if adapter is not None else None,
+        )
+    if hasattr(obj, "extra_key"):
+        obj.extra_key = tag
+    if hasattr(obj, "cache_salt"):
+        obj.cache_salt = None
+    return tenant
+
+
+async def _refused(exc: Exception) -> Any:
+    # NOTE: raised from the generator, as SGLang raises its own request errors, so every front end answers it.
+    raise exc
+    yield  # pragma: no cover - makes this an async generator

@@ -1,0 +1,158 @@
+"""Test-only server plugin: plant a foreign KV slot into a request's row, to prove the owner check refuses it.
+
+Loaded in every SGLang process through ``SGLANG_ISO_TEST_PLUGINS=sglang_iso_testing.plant`` together
+with ``SGLANG_ISO_TESTING=1`` (:func:`plant_env`); the launcher refuses to start with the first
+without the second. It changes nothing until armed by an admin command:
+
+    POST /set_internal_state {"server_args": {"sglang_iso_testing.plant:<tenant>": 1}}
+
+The next forward of a request of ``<tenant>`` (``verify:<tenant>``: its next speculative verify
+forward) gets, at position 0 of its ``req_to_token`` row, one slot of a page another owner holds.
+The owner check must redirect it to the zero page and abort the request; before the abort this plugin
+records whether the redirected slot reads the all-zero page and gives the row its own slot back.
+Counters appear in /get_server_info under ``internal_states[i]["sglang_iso_testing"]``.
+
+Hooks (registered after sglang-iso's, so they wrap them and run first):
+``ModelRunner.forward`` BEFORE (plant, then the owner check runs), ``Scheduler.process_batch_result``
+BEFORE (read back and restore, then the owner check aborts), ``set_internal_state`` AROUND (arm),
+``get_internal_state`` AFTER (counters).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+COMMAND = "sglang_iso_testing.plant:"
+
+
+def plant_env() -> dict[str, str]:
+    """Environment for a server that loads this plugin (test harness only)."""
+    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
+
+    return {TESTING_ENV: "1", TEST_PLUGINS_ENV: __name__}
+
+
+class _PlantState:
+    """What is armed and what was planted, in this scheduler process. Scheduler thread only."""
+
+    def __init__(self) -> None:
+        self.armed: set[str] = set()  # "<tenant>" or "verify:<tenant>"
+        self.planted: dict[int, list[tuple[int, int]]] = {}  # row -> (position, original slot)
+        self.planted_count = 0
+        self.planted_read_zero = 0  # planted slots found redirected to the (all-zero) zero page
+
+
+_STATE = _PlantState()
+
+
+def register() -> None:
+    """Register the hooks (called by sglang-iso's plugin in every SGLang process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.model_executor.model_runner.ModelRunner.forward", plant_before_forward, HookType.BEFORE
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result", restore_before_results, HookType.BEFORE
+    )
+    internal = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+    HookRegistry.register(f"{internal}.set_internal_state", arm, HookType.AROUND)
+    HookRegistry.register(f"{internal}.get_internal_state", report, HookType.AFTER)
+
+
+def plant_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``ModelRunner.forward`` (outside the owner check): plant one armed foreign slot."""
+    table = _table()
+    rows = getattr(forward_batch, "req_pool_indices", None)
+    if not _STATE.armed or table is None or rows is None or rows.numel() == 0:
+        return
+    pool = table.cache.req_to_token_pool
+    req_to_token = pool.req_to_token
+    if getattr(model_runner, "req_to_token_pool", None) is not pool:
+        return  # NOTE: a draft runner's compact table is not the cache's
+    verify = bool(forward_batch.forward_mode.is_target_verify())
+    for row in rows.tolist():
+        owner = int(table.row_owner[row])
+        if owner >= 0 and _plant(table, row, owner, req_to_token, verify):
+            return
+
+
+def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``process_batch_result`` (outside the owner check's abort): read the planted slot back, restore it."""
+    table = _table()
+    if table is None or batch is None or not _STATE.planted:
+        return
+    table.drain()  # NOTE: the owner check's own drain then finds nothing pending; the rows to abort stay marked
+    req_to_token = table.cache.req_to_token_pool.req_to_token
+    for req in getattr(batch, "reqs", None) or []:
+        row = req.kv.req_pool_idx
+        if row is None or int(row) not in table.violating_rows:
+            continue
+        for pos, original in _STATE.planted.pop(int(row), []):
+            _STATE.planted_read_zero += _reads_zero(table, int(req_to_token[int(row), pos]))
+            req_to_token[int(row), pos] = original  # give the row its own slot back
+
+
+def arm(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``set_internal_state``: ``sglang_iso_testing.plant:<tenant>`` arms one plant."""
+    requested = getattr(recv_req, "server_args", None) or {}
+    ours = [k for k in requested if isinstance(k, str) and k.startswith(COMMAND)]
+    if not ours:
+        return original(controller, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    if len(ours) != len(requested) or _table() is None:
+        return SetInternalStateReqOutput(updated=False)
+    _STATE.armed.update(k[len(COMMAND) :] for k in ours)
+    return SetInternalStateReqOutput(updated=True)
+
+
+def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER ``get_internal_state``: the plant's counters."""
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        state["sglang_iso_testing"] = {
+            "armed": sorted(_STATE.armed),
+            "planted": _STATE.planted_count,
+            "planted_read_zero": _STATE.planted_read_zero,
+        }
+
+
+def _table() -> Any:
+    from sglang_iso.integration import owner_check
+
+    return owner_check.ACTIVE
+
+
+def _plant(table: Any, row: int, owner: int, req_to_token: Any, verify: bool) -> bool:
+    """Write one slot of a page another owner holds at position 0 of ``row``, if its tenant is armed."""
+    ns = table.namespace_of(owner)
+    tenant = table.cache.resolver.tenant_of(ns) if ns else None
+    armed = next((a for a in (tenant, f"verify:{tenant}" if verify else None) if a in _STATE.armed), None)
+    if tenant is None or armed is None:
+        return False
+    foreign = ((table.page_owner != owner) & (table.page_owner > table.zero_owner)).nonzero().flatten()
+    if foreign.numel() == 0:
+        return False
+    _STATE.armed.discard(armed)
+    _STATE.planted.setdefault(row, []).append((0, int(req_to_token[row, 0])))
+    _STATE.planted_count += 1
+    req_to_token[row, 0] = int(foreign[0]) * table.page_size
+    logger.warning("sglang-iso: TEST plant of a foreign slot into row %d", row)
+    return True
+
+
+def _reads_zero(table: Any, slot: int) -> bool:
+    """``slot`` lies in the zero page and that page is zero in every KV buffer."""
+    import torch
+
+    from sglang_iso.integration.scrub import kv_buffers
+
+    if slot // table.page_size != table.zero_page:
+        return False
+    lo, hi = table.zero_page * table.page_size, (table.zero_page + 1) * table.page_size
+    buffers = kv_buffers(table.cache.token_to_kv_pool_allocator.get_kvcache())
+    return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)

@@ -1,0 +1,98 @@
+"""The test harness stays out of the runtime package, and the benchmarks do not reach into test/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RUNTIME = ROOT / "python" / "sglang_iso"
+IMPORT_TESTING = re.compile(r"^\s*(from|import)\s+sglang_iso_testing\b", re.MULTILINE)
+
+
+def test_runtime_package_never_imports_the_harness() -> None:
+    # NOTE: the ``sglang-iso demo`` command is the one door from the CLI to the harness (a lazy import).
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted(RUNTIME.rglob("*.py"))
+        if IMPORT_TESTING.search(path.read_text()) and path.name != "cli.py"
+    ]
+    assert offenders == []
+
+
+def test_benchmarks_do_not_import_test_code() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "benchmark").glob("*.py"))
+        if re.search(r"^\s*(from|import)\s+test\b", path.read_text(), re.MULTILINE)
+    ]
+    assert offenders == []
+
+
+def test_the_harness_modules_exist_where_the_tests_expect_them() -> None:
+    import sglang_iso_testing.process as process
+    import sglang_iso_testing.routing as routing
+
+    assert process.ServerProcess.__module__ == "sglang_iso_testing.process"
+    assert routing.router_argv.__module__ == "sglang_iso_testing.routing"
+    assert not (RUNTIME / "server" / "process.py").exists()
+    assert not (RUNTIME / "server" / "routing.py").exists()
+
+
+def test_test_plugins_need_the_testing_switch() -> None:
+    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV, test_plugin_refusal
+    from sglang_iso_testing.plant import plant_env
+
+    assert test_plugin_refusal({}) is None
+    assert test_plugin_refusal(plant_env()) is None
+    refusal = test_plugin_refusal({TEST_PLUGINS_ENV: "sglang_iso_testing.plant"})
+    assert refusal is not None and TEST_PLUGINS_ENV in refusal and "sglang_iso_testing.plant" in refusal
+    assert test_plugin_refusal({TEST_PLUGINS_ENV: "x", TESTING_ENV: "0"}) is not None
+
+
+def test_launcher_refuses_a_test_plugin_without_the_switch() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != TESTING_ENV}
+    env[TEST_PLUGINS_ENV] = "sglang_iso_testing.plant"
+    argv = [sys.executable, "-m", "sglang_iso.cli", "serve", "--model-path", "m", "--iso-dry-run"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2
+    assert f"{TEST_PLUGINS_ENV}=sglang_iso_testing.plant" in out.stderr
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, TESTING_ENV: "1"})
+    assert ok.returncode == 0, ok.stderr  # positive control: the harness's switch lets it through
+
+
+def test_production_code_has_no_plant() -> None:
+    text = "\n".join(p.read_text() for p in RUNTIME.rglob("*.py"))
+    for word in ("test_plant", "armed_plants", "planted_read_zero", "TEST_PLANT"):
+        assert word not in text, word
+
+
+def test_every_package_is_shipped_by_pyproject() -> None:
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    present = {
+        ".".join(init.parent.relative_to(base).parts)
+        for base in (ROOT / "python", ROOT / "sgl-kernel-patches")
+        for init in base.rglob("__init__.py")
+    }
+    assert present - listed == set()  # a package `pip install .` would silently leave out
+    assert "sglang_iso_testing" in listed
+
+
+def test_the_plugin_refuses_test_plugins_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_iso import plugin
+
+    monkeypatch.setenv(plugin.TEST_PLUGINS_ENV, "sglang_iso_testing.plant")
+    monkeypatch.delenv(plugin.TESTING_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=plugin.TEST_PLUGINS_ENV):
+        plugin.register()  # NOTE: raises before registering anything, so the tenant backend stays unregistered
