@@ -25,6 +25,9 @@ class UnhardenedCacheError(RuntimeError):
 def install() -> None:
     """Register every hook (applied by SGLang's ``load_plugins``)."""
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", refuse_uncovered_speculative, HookType.BEFORE
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.__init__", verify_scheduler_tree_cache, HookType.AFTER
     )
     HookRegistry.register(
@@ -61,9 +64,10 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
-    from sglang_iso.integration import spec_ngram
+    from sglang_iso.integration import spec_draft, spec_ngram
 
     spec_ngram.install()
+    spec_draft.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -75,6 +79,23 @@ def tree_cache_status(tree_cache: object) -> dict[str, Any]:
     return {"is_tenant": False, "backend": None, "impl": type(tree_cache).__name__}
 
 
+def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any, **_kwargs: Any) -> None:
+    """BEFORE ``Scheduler.__init__``: refuse an uncovered speculative algorithm before any model loads (a draft
+    model of the wrong kind may fail to load before the tree cache factory could name the flag).
+
+    Raises:
+        UnsupportedConfigError: the tenant tree is selected with an algorithm ``server/speculative.py`` refuses.
+    """
+    if os.environ.get(REQUIRE_ENV) != "1" and getattr(server_args, "radix_cache_backend", None) != "tenant":
+        return
+    from sglang_iso.integration.backend import UnsupportedConfigError
+    from sglang_iso.server.speculative import uncovered_speculative
+
+    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
+    if spec is not None:
+        raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {spec}")
+
+
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: refuse to serve with a tree cache that is not ours.
 
@@ -84,8 +105,13 @@ def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_k
 
     Raises:
         UnhardenedCacheError: the live ``scheduler.tree_cache`` is another class.
+        UncoveredDraftError: a speculative draft model the scrubber and owner check would not cover.
     """
     status = tree_cache_status(getattr(scheduler, "tree_cache", None))
+    if status["is_tenant"]:
+        from sglang_iso.integration.spec_draft import attach_draft_pools
+
+        attach_draft_pools(scheduler)  # a draft model's KV pool: scrubbed and zero-paged like the target's
     if os.environ.get(REQUIRE_ENV) != "1":
         logger.info("sglang-iso: tree cache %s (not enforced in this process)", status["impl"])
         return
@@ -105,11 +131,14 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache), "dp_rank": _dp_rank()}
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
-        from sglang_iso.integration import spec_ngram
+        from sglang_iso.integration import spec_draft, spec_ngram
 
         ngram = spec_ngram.status()
         if ngram is not None:
             report["ngram"] = ngram
+        draft = spec_draft.status()
+        if draft is not None:
+            report["draft"] = draft
         state["sglang_iso"] = report
 
 
@@ -130,6 +159,8 @@ CHECK_COMMAND = "sglang_iso.check_integrity"
 # Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot
 # ("verify:<tenant>": its next speculative verify forward).
 PLANT_COMMAND = "sglang_iso.test_plant:"
+# Test-only, same switch: zero the draft model's KV of <tenant>'s pages (its target KV stays).
+ZERO_DRAFT_COMMAND = "sglang_iso.test_zero_draft:"
 
 
 def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
@@ -143,6 +174,16 @@ def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
     return True
 
 
+def _zero_draft(tree_cache: Any, tenant: str) -> bool:
+    from sglang_iso.integration.owner_check import TEST_PLANT_ENV
+    from sglang_iso.integration.spec_draft import zero_draft_pages_of
+
+    if os.environ.get(TEST_PLANT_ENV) != "1":
+        logger.warning("sglang-iso: test draft zeroing refused (not enabled)")
+        return False
+    return zero_draft_pages_of(tree_cache, tenant) > 0
+
+
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
     requested = getattr(recv_req, "server_args", None) or {}
@@ -150,7 +191,10 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         k
         for k in requested
         if isinstance(k, str)
-        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
+        and (
+            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND, ZERO_DRAFT_COMMAND))
+            or k == CHECK_COMMAND
+        )
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
@@ -170,6 +214,9 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             continue
         if key.startswith(PLANT_COMMAND):
             ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
+            continue
+        if key.startswith(ZERO_DRAFT_COMMAND):
+            ok = ok and _zero_draft(tree_cache, key[len(ZERO_DRAFT_COMMAND) :])
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         from sglang_iso.integration.spec_ngram import flush_tenant

@@ -23,12 +23,14 @@ batch's tokens, not the pool size, and does not sync with the host: per-request
 counts are copied back asynchronously and read when the batch's results are
 processed, where the violation is counted, logged, and the request aborted.
 
-NGRAM's verify pass (``TARGET_VERIFY``) is checked over the committed tokens
-and the drafts' window after them (the drafts' pages are adopted). Not covered
-(refused at start, see :func:`uncovered_features`): speculative decoding with a
-draft model and diffusion LLM decoding plan attention metadata outside
-``ModelRunner.forward``; PD decode workers fill pages by transfer, which no
-forward adopts.
+A speculative verify pass (``TARGET_VERIFY``) is checked over the committed
+tokens and the drafts' window after them (the drafts' pages are adopted). Draft
+passes of a draft model (STANDALONE) plan attention before their forward, so
+their rows are sanitized earlier, at the speculative worker's entry, through
+:meth:`OwnerTable.check_window` (``integration/spec_draft.py``). Not covered
+(refused at start, see :func:`uncovered_features`): other draft-model algorithms
+and diffusion LLM decoding plan attention metadata outside the checked points;
+PD decode workers fill pages by transfer, which no forward adopts.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class OwnerTable:
         self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV): "<tenant>" or "verify:<tenant>"
         self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
         self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
+        self.draft_buffers: list[torch.Tensor] = []  # a draft model's KV buffers (same slots; spec_draft.py)
+        self.draft_step_checks = 0  # speculative decode steps checked before any draft planning
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
@@ -133,7 +137,8 @@ class OwnerTable:
         if slots is None:
             raise RuntimeError("sglang-iso: could not reserve the zero page for the owner check")
         page = int(slots[0]) // self.page_size
-        scrub_pages(kv_buffers(allocator.get_kvcache()), torch.tensor([page], dtype=torch.int64), self.page_size)
+        buffers = kv_buffers(allocator.get_kvcache()) + getattr(self, "draft_buffers", [])
+        scrub_pages(buffers, torch.tensor([page], dtype=torch.int64, device=self.page_owner.device), self.page_size)
         self.page_owner[page] = self.zero_owner
         return page
 
@@ -201,6 +206,15 @@ class OwnerTable:
         logger.info("sglang-iso: KV owner check installed (zero page %d)", self.zero_page)
         return self
 
+    def add_draft_buffers(self, buffers: list[torch.Tensor]) -> None:
+        """A draft model's KV buffers index the same slots: its zero page is zeroed too and checked by the
+        test plant (reads of refused slots land there in draft passes)."""
+        from sglang_iso_kernels import scrub_pages
+
+        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
+        scrub_pages(buffers, page, self.page_size)
+        self.draft_buffers.extend(buffers)
+
     # ------------------------------------------------------------------ slots
     def slot_of(self, namespace: str | None) -> int:
         if namespace is None:
@@ -252,8 +266,6 @@ class OwnerTable:
     def check_batch(self, forward_batch: Any) -> None:
         """Adopt this step's new pages and redirect every foreign or free slot of the batch's rows to the
         zero page: one pass over the batch's tokens, on the current (forward) stream, no host sync."""
-        from sglang_iso_kernels import sanitize_rows
-
         rows = forward_batch.req_pool_indices
         if rows.numel() == 0:
             return
@@ -264,20 +276,35 @@ class OwnerTable:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
         write_start = _write_start(forward_batch, seq_lens)
+        kind = None
         if forward_batch.forward_mode.is_target_verify():
             # NOTE: the drafts sit in each row right after the committed tokens and are written by this
             # forward: check [0, seq_len + drafts), adopting only the drafts' window.
             drafts = int(forward_batch.spec_info.draft_token_num)
             write_start, seq_lens = seq_lens, seq_lens + drafts
             total = int(total) + drafts * int(rows.numel())
+            kind = "verify"
+        self.check_window(rows, seq_lens, write_start, int(total), kind)
+
+    def check_window(
+        self, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor, total: int, kind: str | None = None
+    ) -> None:
+        """Sanitize ``req_to_token[rows[b], 0:ends[b]]`` (adopting columns from ``write_start[b]`` on), for
+        checks that run before a forward's attention planning (``integration/spec_draft.py``). ``total`` is
+        ``sum(ends)`` on the host; ``kind`` names the pass for the test plant ("verify", "draft")."""
+        from sglang_iso_kernels import sanitize_rows
+
+        if rows.numel() == 0:
+            return
         req_to_token = self.cache.req_to_token_pool.req_to_token
+        if kind == "draft":
+            self.draft_step_checks += 1
         if self.armed_plants:
-            verify = bool(forward_batch.forward_mode.is_target_verify())
-            self._plant_batch(rows.tolist(), req_to_token, verify)  # test-only path, host reads allowed
+            self._plant_batch(rows.tolist(), req_to_token, kind)  # test-only path, host reads allowed
         counts = sanitize_rows(
             req_to_token,
             rows,
-            seq_lens,
+            ends,
             write_start,
             self.page_owner,
             self.row_owner,
@@ -333,9 +360,11 @@ class OwnerTable:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
         req_to_token = self.cache.req_to_token_pool.req_to_token
+        aborted = 0
         for req in getattr(batch, "reqs", None) or []:
             row = req.kv.req_pool_idx
             if row is not None and int(row) in self.violating_rows:
+                aborted += 1
                 for pos, original in self._planted.pop(int(row), []):
                     self.planted_read_zero += self._reads_zero(int(req_to_token[int(row), pos]))
                     req_to_token[int(row), pos] = original  # test plant: give the row its own slot back
@@ -344,10 +373,26 @@ class OwnerTable:
                     err_type="IsolationViolation",
                 )
                 self.violating_rows.discard(int(row))
+        if aborted:
+            self._rezero()
+
+    def _rezero(self) -> None:
+        """Zero the zero page again: a refused slot in a column a speculative pass writes (its write
+        locations are read from the sanitized row) lands there."""
+        from sglang_iso.integration.scrub import kv_buffers
+        from sglang_iso_kernels import scrub_pages
+
+        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache()) + self.draft_buffers
+        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
+        scrub_pages(buffers, page, self.page_size)
 
     def status(self) -> dict[str, int]:
         """Counters for /get_server_info (``planted_read_zero`` only moves in the test-plant mode)."""
-        return {"owner_violations": self.violations, "owner_planted_read_zero": self.planted_read_zero}
+        return {
+            "owner_violations": self.violations,
+            "owner_planted_read_zero": self.planted_read_zero,
+            "owner_draft_step_checks": self.draft_step_checks,
+        }
 
     def _reads_zero(self, slot: int) -> bool:
         """Test-only: ``slot`` lies in the zero page and that page is zero in every KV buffer."""
@@ -356,21 +401,21 @@ class OwnerTable:
         if slot // self.page_size != self.zero_page:
             return False
         lo, hi = self.zero_page * self.page_size, (self.zero_page + 1) * self.page_size
-        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache())
+        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache()) + self.draft_buffers
         return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
 
-    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor, verify: bool = False) -> None:
+    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor, kind: str | None = None) -> None:
         for row in rows:
             owner = int(self.row_owner[row])
-            if owner != FREE and self._plant(row, owner, req_to_token, verify):
+            if owner != FREE and self._plant(row, owner, req_to_token, kind):
                 return
 
-    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor, verify: bool) -> bool:
+    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor, kind: str | None) -> bool:
         """Test-only: write one slot of a page another owner holds at position 0 of this row (armed as
-        ``verify:<tenant>``: only in a speculative verify forward)."""
+        ``verify:<tenant>`` / ``draft:<tenant>``: only in a speculative verify forward / before a draft step)."""
         ns = self._namespaces.get(owner)
         tenant = self.cache.resolver.tenant_of(ns) if ns else None
-        armed = next((a for a in (tenant, f"verify:{tenant}" if verify else None) if a in self.armed_plants), None)
+        armed = next((a for a in (tenant, f"{kind}:{tenant}" if kind else None) if a in self.armed_plants), None)
         if tenant is None or armed is None:
             return False
         foreign = ((self.page_owner != owner) & (self.page_owner > self.zero_owner)).nonzero().flatten()
