@@ -124,13 +124,19 @@ def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
     assert tree["owner_violations"] == 0  # no false positives on draft, verify or draft-extend passes
 
 
-def test_planted_foreign_slot_before_a_draft_pass_is_refused(
-    server: ServerProcess,
-    keys: dict[str, str],
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "draft",  # at the decode step's entry, before the draft plans attention
+        "draft_forward",  # at a draft model forward (the first is the prefill's draft extend)
+    ],
+)
+def test_planted_foreign_slot_in_a_draft_pass_is_refused(
+    server: ServerProcess, keys: dict[str, str], kind: str
 ) -> None:
     _generate(server, keys["globex"], _prompt())  # globex owns pages
     before = _state(server, keys)["tree_cache"]
-    _admin(server, keys, "sglang_iso.test_plant:draft:acme")
+    _admin(server, keys, f"sglang_iso.test_plant:{kind}:acme")
     status, out = server.post(
         "/generate",
         {"input_ids": _prompt(), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
@@ -154,3 +160,13 @@ def test_accept_stats_per_request_or_admin_only(server: ServerProcess, keys: dic
         assert status == 403, path
     status, metrics = server.get_with("/metrics", auth(keys["admin"]))  # positive control
     assert status == 200 and "sglang:spec_accept_length" in str(metrics)  # one server-wide aggregate
+
+
+def test_every_free_page_is_zero_in_target_and_draft_pools(server: ServerProcess, keys: dict[str, str]) -> None:
+    # Poison and check end to end: after real traffic (request releases free the speculative over-allocation,
+    # a tenant flush frees tree pages), every free page is zero in the target's and the draft's buffers.
+    _generate(server, keys["globex"], _prompt())
+    _admin(server, keys, "sglang_iso.flush:acme")
+    _admin(server, keys, "sglang_iso.test_free_pages_zero:selftest")  # a planted non-zero free page is found
+    _admin(server, keys, "sglang_iso.test_free_pages_zero")
+    assert _state(server, keys)["draft"]["free_pages_holding_data"] == 0

@@ -115,7 +115,7 @@ def test_zero_page_is_zero_in_the_draft_pool(hook_applied: None) -> None:
 
 @pytest.mark.parametrize("problem", ["own_rows", "own_allocator", "hook_missing", "adaptive", "paged_topk"])
 def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    cache, _, _, scheduler = make()
+    _, _, _, scheduler = make()
     if problem != "hook_missing":
         monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *spec_draft.HOOK_TARGETS})
     else:
@@ -173,3 +173,17 @@ def test_decode_step_window_is_sanitized_before_the_draft_plans(
     extend = SimpleNamespace(**{**vars(_decode_batch([1], [8])), "forward_mode": ForwardMode.EXTEND})
     spec_draft.check_before_spec_step(worker, extend)  # prefill: the target's forward check runs first
     assert table.draft_step_checks == 2
+
+
+def test_scheduler_refuses_uncovered_algorithms_before_any_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_iso.integration.backend import UnsupportedConfigError
+    from sglang_iso.integration.hooks import REQUIRE_ENV, refuse_uncovered_speculative
+
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    for name in ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "FROZEN_KV_MTP"):
+        with pytest.raises(UnsupportedConfigError, match=f"--speculative-algorithm {name} "):
+            refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
+    for name in (None, "NGRAM", "STANDALONE"):  # positive control: covered algorithms start
+        refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
+    monkeypatch.delenv(REQUIRE_ENV)  # an upstream server (benchmark baseline) is left alone
+    refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm="EAGLE", radix_cache_backend=None))

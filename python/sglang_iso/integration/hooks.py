@@ -161,6 +161,9 @@ CHECK_COMMAND = "sglang_iso.check_integrity"
 PLANT_COMMAND = "sglang_iso.test_plant:"
 # Test-only, same switch: zero the draft model's KV of <tenant>'s pages (its target KV stays).
 ZERO_DRAFT_COMMAND = "sglang_iso.test_zero_draft:"
+# Test-only, same switch: every free page is zero in every KV pool, target and draft ("...:selftest": a planted
+# non-zero free page must be found).
+FREE_ZERO_COMMAND = "sglang_iso.test_free_pages_zero"
 
 
 def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
@@ -184,6 +187,17 @@ def _zero_draft(tree_cache: Any, tenant: str) -> bool:
     return zero_draft_pages_of(tree_cache, tenant) > 0
 
 
+def _free_pages_zero(tree_cache: Any, *, selftest: bool) -> bool:
+    from sglang_iso.integration.owner_check import TEST_PLANT_ENV
+    from sglang_iso.integration.spec_draft import free_pages_holding_data
+
+    if os.environ.get(TEST_PLANT_ENV) != "1":
+        logger.warning("sglang-iso: test free-page check refused (not enabled)")
+        return False
+    found = free_pages_holding_data(tree_cache, selftest=selftest)
+    return found > 0 if selftest else found == 0
+
+
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
     requested = getattr(recv_req, "server_args", None) or {}
@@ -192,7 +206,7 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         for k in requested
         if isinstance(k, str)
         and (
-            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND, ZERO_DRAFT_COMMAND))
+            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND, ZERO_DRAFT_COMMAND, FREE_ZERO_COMMAND))
             or k == CHECK_COMMAND
         )
     ]
@@ -217,6 +231,9 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             continue
         if key.startswith(ZERO_DRAFT_COMMAND):
             ok = ok and _zero_draft(tree_cache, key[len(ZERO_DRAFT_COMMAND) :])
+            continue
+        if key.startswith(FREE_ZERO_COMMAND):
+            ok = ok and _free_pages_zero(tree_cache, selftest=key.endswith(":selftest"))
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         from sglang_iso.integration.spec_ngram import flush_tenant

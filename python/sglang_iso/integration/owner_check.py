@@ -74,13 +74,14 @@ def uncovered_features(server_args: Any) -> list[str]:
 
 def check_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``ModelRunner.forward``: sanitize the batch's rows once per forward, for every backend."""
-    # NOTE: only batches over this cache's rows; a draft runner's compact table is not ours.
+    # NOTE: only batches over this cache's rows (a STANDALONE draft runner shares them and is checked too);
+    # a draft runner with a compact table of its own is refused at start (spec_draft.attach_draft_pools).
     if (
         ACTIVE is not None
         and getattr(forward_batch, "req_pool_indices", None) is not None
         and getattr(model_runner, "req_to_token_pool", None) is ACTIVE.cache.req_to_token_pool
     ):
-        ACTIVE.check_batch(forward_batch)
+        ACTIVE.check_batch(forward_batch, draft=bool(getattr(model_runner, "is_draft_worker", False)))
 
 
 def abort_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -118,7 +119,7 @@ class OwnerTable:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
         self.violating_rows: set[int] = set()
-        self.armed_plants: set[str] = set()  # test-only (TEST_PLANT_ENV): "<tenant>" or "verify:<tenant>"
+        self.armed_plants: set[str] = set()  # test-only (owner_plant.py): "<tenant>", "verify:<t>", "draft:<t>"
         self._planted: dict[int, list[tuple[int, int]]] = {}  # test-only: row -> (position, original slot)
         self.planted_read_zero = 0  # test-only: planted slots found redirected to the (all-zero) zero page
         self.draft_buffers: list[torch.Tensor] = []  # a draft model's KV buffers (same slots; spec_draft.py)
@@ -263,7 +264,7 @@ class OwnerTable:
         self.page_owner[pages] = self.slot_of("shared:" + name)
 
     # ------------------------------------------------------------------ the check
-    def check_batch(self, forward_batch: Any) -> None:
+    def check_batch(self, forward_batch: Any, *, draft: bool = False) -> None:
         """Adopt this step's new pages and redirect every foreign or free slot of the batch's rows to the
         zero page: one pass over the batch's tokens, on the current (forward) stream, no host sync."""
         rows = forward_batch.req_pool_indices
@@ -276,7 +277,7 @@ class OwnerTable:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
         write_start = _write_start(forward_batch, seq_lens)
-        kind = None
+        kind = "draft_forward" if draft else None  # a draft model's forward (the test plant's name for it)
         if forward_batch.forward_mode.is_target_verify():
             # NOTE: the drafts sit in each row right after the committed tokens and are written by this
             # forward: check [0, seq_len + drafts), adopting only the drafts' window.
@@ -300,7 +301,9 @@ class OwnerTable:
         if kind == "draft":
             self.draft_step_checks += 1
         if self.armed_plants:
-            self._plant_batch(rows.tolist(), req_to_token, kind)  # test-only path, host reads allowed
+            from sglang_iso.integration.owner_plant import plant_batch
+
+            plant_batch(self, rows.tolist(), req_to_token, kind)  # test-only path, host reads allowed
         counts = sanitize_rows(
             req_to_token,
             rows,
@@ -359,6 +362,8 @@ class OwnerTable:
             return
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
+        from sglang_iso.integration.owner_plant import reads_zero
+
         req_to_token = self.cache.req_to_token_pool.req_to_token
         aborted = 0
         for req in getattr(batch, "reqs", None) or []:
@@ -366,7 +371,7 @@ class OwnerTable:
             if row is not None and int(row) in self.violating_rows:
                 aborted += 1
                 for pos, original in self._planted.pop(int(row), []):
-                    self.planted_read_zero += self._reads_zero(int(req_to_token[int(row), pos]))
+                    self.planted_read_zero += reads_zero(self, int(req_to_token[int(row), pos]))
                     req_to_token[int(row), pos] = original  # test plant: give the row its own slot back
                 req.to_finish = FINISH_ABORT(
                     "sglang-iso: isolation violation: the request referenced KV it does not own; aborted",
@@ -393,39 +398,6 @@ class OwnerTable:
             "owner_planted_read_zero": self.planted_read_zero,
             "owner_draft_step_checks": self.draft_step_checks,
         }
-
-    def _reads_zero(self, slot: int) -> bool:
-        """Test-only: ``slot`` lies in the zero page and that page is zero in every KV buffer."""
-        from sglang_iso.integration.scrub import kv_buffers
-
-        if slot // self.page_size != self.zero_page:
-            return False
-        lo, hi = self.zero_page * self.page_size, (self.zero_page + 1) * self.page_size
-        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache()) + self.draft_buffers
-        return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)
-
-    def _plant_batch(self, rows: list[int], req_to_token: torch.Tensor, kind: str | None = None) -> None:
-        for row in rows:
-            owner = int(self.row_owner[row])
-            if owner != FREE and self._plant(row, owner, req_to_token, kind):
-                return
-
-    def _plant(self, row: int, owner: int, req_to_token: torch.Tensor, kind: str | None) -> bool:
-        """Test-only: write one slot of a page another owner holds at position 0 of this row (armed as
-        ``verify:<tenant>`` / ``draft:<tenant>``: only in a speculative verify forward / before a draft step)."""
-        ns = self._namespaces.get(owner)
-        tenant = self.cache.resolver.tenant_of(ns) if ns else None
-        armed = next((a for a in (tenant, f"{kind}:{tenant}" if kind else None) if a in self.armed_plants), None)
-        if tenant is None or armed is None:
-            return False
-        foreign = ((self.page_owner != owner) & (self.page_owner > self.zero_owner)).nonzero().flatten()
-        if foreign.numel() == 0:
-            return False
-        self.armed_plants.discard(armed)
-        self._planted.setdefault(row, []).append((0, int(req_to_token[row, 0])))
-        req_to_token[row, 0] = int(foreign[0]) * self.page_size
-        logger.warning("sglang-iso: TEST plant of a foreign slot into row %d", row)
-        return True
 
 
 def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 # Test-only (``SGLANG_ISO_TEST_PLANT_FOREIGN=1``): prefix tokens of prefills whose draft KV was already
 # present (non-zero) in the draft pool, i.e. draft KV a request reused instead of computing it.
-REUSED: dict[str, int] = {"draft_kv_reused_tokens": 0}
+REUSED: dict[str, int] = {"draft_kv_reused_tokens": 0, "free_pages_holding_data": 0}
 
 WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 HOOK_TARGETS: tuple[str, ...] = (f"{WORKER}.forward_batch_generation",)
@@ -75,8 +75,10 @@ def check_before_spec_step(worker: Any, batch: Any, *_args: Any, **_kwargs: Any)
     width = step_width(worker)
     seq_lens = batch.seq_lens
     cpu = getattr(batch, "seq_lens_cpu", None)
-    # NOTE: the host copy avoids a device sync; without it (GPU, no-sync scheduling) one sum is read back.
-    committed = int(cpu.sum()) if cpu is not None else int(seq_lens.sum())
+    # NOTE: on the host the sum is exact and free; on a device the host copy avoids a sync (the Triton
+    # check only needs the total to be non-zero), and without one (no-sync scheduling) one sum is read back.
+    host = seq_lens if seq_lens.device.type == "cpu" or cpu is None else cpu
+    committed = int(host.sum())
     total = committed + width * int(rows.numel())
     table.check_window(rows, seq_lens + width, seq_lens, total, "draft")
 
@@ -121,6 +123,40 @@ def _count_reused_draft_kv(table: Any, batch: Any) -> None:
             slots = req_to_token[int(row), : int(n)].to(first.device).long()
             rows_kv = first[slots].reshape(int(n), -1)
             REUSED["draft_kv_reused_tokens"] += int((rows_kv != 0).any(dim=1).sum())
+
+
+def free_pages_holding_data(cache: Any, *, selftest: bool = False) -> int:
+    """Test-only: after zeroing every pending freed page, count free pages that still hold a non-zero byte in
+    any KV buffer, target or draft (should be 0). ``selftest`` first writes into the draft copy of one free
+    page (zeroed again afterwards), so the count must be >= 1: the check can fail."""
+    import torch
+
+    allocator = cache.token_to_kv_pool_allocator
+    if cache.scrubber is not None:
+        cache.scrubber.flush()
+    if hasattr(allocator, "get_all_free_pages"):
+        pages = allocator.get_all_free_pages()
+    else:
+        pages = torch.cat([allocator.free_pages, allocator.release_pages])
+    from sglang_iso.integration.scrub import kv_buffers
+
+    draft = cache.owners.draft_buffers if cache.owners is not None else []
+    buffers = kv_buffers(allocator.get_kvcache()) + list(draft)
+    size = int(allocator.page_size)
+    pages = pages.to(torch.int64)
+    if pages.numel() == 0:
+        return 0
+    slots = (pages[:, None] * size + torch.arange(size, device=pages.device)[None, :]).reshape(-1)
+    if selftest and draft:
+        draft[0][slots[:size]] = 1
+    dirty = torch.zeros(pages.numel(), dtype=torch.bool, device=pages.device)
+    for buf in buffers:
+        dirty |= buf[slots].reshape(pages.numel(), -1).ne(0).any(dim=1)
+    if selftest and draft:
+        draft[0][slots[:size]] = 0
+    count = int(dirty.sum())
+    REUSED["free_pages_holding_data"] = count
+    return count
 
 
 def step_width(worker: Any) -> int:

@@ -399,6 +399,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "and adaptive_controller (refused when set); test_compat reads them in its source",
     ),
     HookedSymbol(
+        "sglang.srt.model_executor.model_runner:ModelRunner.__init__",
+        ("self", "is_draft_worker"),
+        "stored as model_runner.is_draft_worker: the forward check names a draft model's forwards (test plant)",
+    ),
+    HookedSymbol(
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker._draft_model_runners",
         ("self",),
         "the draft runners whose token_to_kv_pool buffers are scrubbed; req_to_token_pool and "
