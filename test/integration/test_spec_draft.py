@@ -113,7 +113,9 @@ def test_zero_page_is_zero_in_the_draft_pool(hook_applied: None) -> None:
     assert torch.count_nonzero(_rows(draft, zero)) == 0
 
 
-@pytest.mark.parametrize("problem", ["own_rows", "own_allocator", "hook_missing", "adaptive", "paged_topk"])
+@pytest.mark.parametrize(
+    "problem", ["own_rows", "own_allocator", "hook_missing", "adaptive", "paged_topk", "pipeline", "dp_coordination"]
+)
 def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, _, scheduler = make()
     if problem != "hook_missing":
@@ -129,6 +131,10 @@ def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: p
         scheduler.draft_worker.adaptive_controller = object()
     elif problem == "paged_topk":
         scheduler.draft_worker.topk = 2
+    elif problem == "pipeline":
+        scheduler.server_args = SimpleNamespace(pp_size=2)
+    elif problem == "dp_coordination":
+        scheduler.draft_worker.enable_dp_spec_prefill_coordination = True
     with pytest.raises(spec_draft.UncoveredDraftError, match="not covered"):
         spec_draft.attach_draft_pools(scheduler)
 

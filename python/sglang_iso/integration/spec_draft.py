@@ -22,8 +22,11 @@ match hands out target and draft KV together), and what is left is:
     draft extend plans anything.
 
 The draft runners must share the tree cache's row table and allocator; anything else (a compact draft
-table, adaptive step counts, page size > 1 with top-k > 1, whose draft layout reaches past W) is refused
-when the scheduler starts (:func:`attach_draft_pools`).
+table, adaptive step counts, page size > 1 with top-k > 1, whose draft layout reaches past W, pipeline
+parallelism and DP prefill coordination, which draft outside this step shape) is refused when the scheduler
+starts (:func:`attach_draft_pools`). The checks at ``ModelRunner.forward`` still run for every draft and
+verify forward (defense in depth: a row changed inside a step after the entry check is caught there and the
+request aborted, although a draft pass planned before it may have read it once).
 """
 
 from __future__ import annotations
@@ -189,6 +192,10 @@ def attach_draft_pools(scheduler: Any) -> int:
         problems.append(f"hook {HOOK_TARGETS[0]} was not applied")
     if getattr(worker, "adaptive_controller", None) is not None:
         problems.append("adaptive speculative steps")
+    if getattr(worker, "enable_dp_spec_prefill_coordination", False):
+        problems.append("SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION (decode rows drafted inside a prefill step)")
+    if int(getattr(getattr(scheduler, "server_args", None), "pp_size", 1) or 1) > 1:
+        problems.append("pipeline parallelism (the next round is drafted past this step's checked window)")
     if int(cache.page_size) > 1 and int(getattr(worker, "topk", 1)) > 1:
         problems.append("--page-size > 1 with --speculative-eagle-topk > 1 (holey draft layout)")
     added = 0

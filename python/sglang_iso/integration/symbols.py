@@ -404,6 +404,11 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "stored as model_runner.is_draft_worker: the forward check names a draft model's forwards (test plant)",
     ),
     HookedSymbol(
+        "sglang.srt.server_args:ServerArgs",
+        ("pp_size", "speculative_algorithm"),
+        "a draft model with pipeline parallelism is refused (the next round is drafted past the checked window)",
+    ),
+    HookedSymbol(
         "sglang.srt.speculative.base_spec_worker:BaseSpecWorker._draft_model_runners",
         ("self",),
         "the draft runners whose token_to_kv_pool buffers are scrubbed; req_to_token_pool and "
