@@ -73,7 +73,7 @@ NO_CPU_HOOK = EnvVar(
 SECRET = EnvVar(
     "SGLANG_ISO_SECRET",
     "conventional variable for the namespace secret, read only when the tenants file says "
-    "namespace_secret_env = \"SGLANG_ISO_SECRET\" (the deploy manifests do)",
+    'namespace_secret_env = "SGLANG_ISO_SECRET" (the deploy manifests do)',
     None,
     "operator",
 )

@@ -7,7 +7,9 @@ without the second. It changes nothing until armed by an admin command:
     POST /set_internal_state {"server_args": {"sglang_iso_testing.plant:<tenant>": 1}}
 
 The next forward of a request of ``<tenant>`` (``verify:<tenant>``: its next speculative verify
-forward) gets, at position 0 of its ``req_to_token`` row, one slot of a page another owner holds.
+forward; ``draft_forward:<tenant>``: its next forward of a draft model; ``draft:<tenant>``: its next
+speculative decode step, before the draft plans attention, see :mod:`sglang_iso_testing.spec_plant`)
+gets, at position 0 of its ``req_to_token`` row, one slot of a page another owner holds.
 The owner check must redirect it to the zero page and abort the request; before the abort this plugin
 records whether the redirected slot reads the all-zero page and gives the row its own slot back.
 Counters appear in /get_server_info under ``internal_states[i]["sglang_iso_testing"]``.
@@ -39,7 +41,7 @@ class _PlantState:
     """What is armed and what was planted, in this scheduler process. Scheduler thread only."""
 
     def __init__(self) -> None:
-        self.armed: set[str] = set()  # "<tenant>" or "verify:<tenant>"
+        self.armed: set[str] = set()  # "<tenant>", or "<pass>:<tenant>" (verify, draft, draft_forward)
         self.planted: dict[int, list[tuple[int, int]]] = {}  # row -> (position, original slot)
         self.planted_count = 0
         self.planted_read_zero = 0  # planted slots found redirected to the (all-zero) zero page
@@ -61,6 +63,9 @@ def register() -> None:
     internal = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
     HookRegistry.register(f"{internal}.set_internal_state", arm, HookType.AROUND)
     HookRegistry.register(f"{internal}.get_internal_state", report, HookType.AFTER)
+    from sglang_iso_testing import spec_plant
+
+    spec_plant.register()
 
 
 def plant_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -73,11 +78,20 @@ def plant_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kw
     req_to_token = pool.req_to_token
     if getattr(model_runner, "req_to_token_pool", None) is not pool:
         return  # NOTE: a draft runner's compact table is not the cache's
-    verify = bool(forward_batch.forward_mode.is_target_verify())
-    for row in rows.tolist():
+    if getattr(model_runner, "is_draft_worker", False):
+        kind: str | None = "draft_forward"
+    else:
+        kind = "verify" if forward_batch.forward_mode.is_target_verify() else None
+    plant_rows(table, rows.tolist(), req_to_token, kind)
+
+
+def plant_rows(table: Any, rows: list[int], req_to_token: Any, kind: str | None) -> bool:
+    """Plant into the first of ``rows`` whose tenant is armed (plain, or for pass ``kind``); at most one."""
+    for row in rows:
         owner = int(table.row_owner[row])
-        if owner >= 0 and _plant(table, row, owner, req_to_token, verify):
-            return
+        if owner >= 0 and _plant(table, row, owner, req_to_token, kind):
+            return True
+    return False
 
 
 def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
@@ -111,13 +125,16 @@ def arm(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any
 
 
 def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
-    """AFTER ``get_internal_state``: the plant's counters."""
+    """AFTER ``get_internal_state``: the plant's counters (and the draft-pool ones of ``spec_plant``)."""
+    from sglang_iso_testing import spec_plant
+
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         state["sglang_iso_testing"] = {
             "armed": sorted(_STATE.armed),
             "planted": _STATE.planted_count,
             "planted_read_zero": _STATE.planted_read_zero,
+            **spec_plant.COUNTERS,
         }
 
 
@@ -127,11 +144,11 @@ def _table() -> Any:
     return owner_check.ACTIVE
 
 
-def _plant(table: Any, row: int, owner: int, req_to_token: Any, verify: bool) -> bool:
+def _plant(table: Any, row: int, owner: int, req_to_token: Any, kind: str | None) -> bool:
     """Write one slot of a page another owner holds at position 0 of ``row``, if its tenant is armed."""
     ns = table.namespace_of(owner)
     tenant = table.cache.resolver.tenant_of(ns) if ns else None
-    armed = next((a for a in (tenant, f"verify:{tenant}" if verify else None) if a in _STATE.armed), None)
+    armed = next((a for a in (tenant, f"{kind}:{tenant}" if kind else None) if a in _STATE.armed), None)
     if tenant is None or armed is None:
         return False
     foreign = ((table.page_owner != owner) & (table.page_owner > table.zero_owner)).nonzero().flatten()
@@ -146,7 +163,7 @@ def _plant(table: Any, row: int, owner: int, req_to_token: Any, verify: bool) ->
 
 
 def _reads_zero(table: Any, slot: int) -> bool:
-    """``slot`` lies in the zero page and that page is zero in every KV buffer."""
+    """``slot`` lies in the zero page and that page is zero in every KV buffer (target and draft)."""
     import torch
 
     from sglang_iso.integration.scrub import kv_buffers
@@ -154,5 +171,5 @@ def _reads_zero(table: Any, slot: int) -> bool:
     if slot // table.page_size != table.zero_page:
         return False
     lo, hi = table.zero_page * table.page_size, (table.zero_page + 1) * table.page_size
-    buffers = kv_buffers(table.cache.token_to_kv_pool_allocator.get_kvcache())
+    buffers = kv_buffers(table.cache.token_to_kv_pool_allocator.get_kvcache()) + list(table.draft_buffers)
     return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)

@@ -40,3 +40,16 @@ def test_sgl_kernel_names_cover_what_sglang_imports_on_cpu() -> None:
     import sglang.srt.managers.scheduler
     import sglang.srt.mem_cache.allocation
     import sglang.srt.model_executor.model_runner  # noqa: F401
+
+
+def test_standalone_worker_inherits_the_checked_entry_and_sets_the_step_width() -> None:
+    # spec_draft hooks EAGLEWorkerV2.forward_batch_generation: STANDALONE must not override it, and the
+    # step width reads attributes its __init__ sets.
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    assert issubclass(StandaloneWorkerV2, EAGLEWorkerV2)
+    assert "forward_batch_generation" not in vars(StandaloneWorkerV2)
+    source = inspect.getsource(StandaloneWorkerV2.__init__)
+    for attr in ("speculative_num_steps", "topk", "speculative_num_draft_tokens", "adaptive_controller"):
+        assert f"self.{attr} =" in source or f"self.{attr}:" in source, attr

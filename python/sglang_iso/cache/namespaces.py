@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
 
 
-
 @dataclass
 class NamespaceState:
     """Mutable config and counters of one namespace. Mutated only by ``TenantRadixTree``."""

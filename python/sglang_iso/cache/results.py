@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from sglang_iso.cache.node import TreeNode
 
 
-
 @dataclass(frozen=True, eq=False)
 class NodeHandle:
     """Opaque lock handle returned by ``match``: the last node of each matched segment.

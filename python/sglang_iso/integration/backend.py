@@ -60,10 +60,17 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
         "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
     }
+    algorithm = getattr(ctx.server_args, "speculative_algorithm", None)
+    spec = uncovered_speculative(algorithm)
+    if spec is not None:
+        unsupported["EAGLE speculative decoding"] = False  # named by the flag instead
     found = [name for name, on in unsupported.items() if on]
-    spec = uncovered_speculative(getattr(ctx.server_args, "speculative_algorithm", None))
-    if spec is not None and not found:
+    if spec is not None:
         found.append(spec)
+    if ctx.enable_hierarchical_cache and str(algorithm or "").upper() == "STANDALONE":
+        found.append(
+            "--speculative-algorithm STANDALONE with --enable-hierarchical-cache (no draft KV in the host tier)"
+        )
     if ctx.enable_hierarchical_cache:
         from sglang_iso.integration.host_cache import uncovered_hicache_features
 

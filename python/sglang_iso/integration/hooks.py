@@ -27,6 +27,9 @@ class UnhardenedCacheError(RuntimeError):
 def install() -> None:
     """Register every hook (applied by SGLang's ``load_plugins``)."""
     HookRegistry.register(
+        "sglang.srt.managers.scheduler.Scheduler.__init__", refuse_uncovered_speculative, HookType.BEFORE
+    )
+    HookRegistry.register(
         "sglang.srt.managers.scheduler.Scheduler.__init__", verify_scheduler_tree_cache, HookType.AFTER
     )
     HookRegistry.register(
@@ -63,9 +66,10 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
-    from sglang_iso.integration import spec_ngram
+    from sglang_iso.integration import spec_draft, spec_ngram
 
     spec_ngram.install()
+    spec_draft.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -77,6 +81,23 @@ def tree_cache_status(tree_cache: object) -> dict[str, Any]:
     return {"is_tenant": False, "backend": None, "impl": type(tree_cache).__name__}
 
 
+def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any, **_kwargs: Any) -> None:
+    """BEFORE ``Scheduler.__init__``: refuse an uncovered speculative algorithm before any model loads (a draft
+    model of the wrong kind may fail to load before the tree cache factory could name the flag).
+
+    Raises:
+        UnsupportedConfigError: the tenant tree is selected with an algorithm ``server/speculative.py`` refuses.
+    """
+    if os.environ.get(REQUIRE_ENV) != "1" and getattr(server_args, "radix_cache_backend", None) != "tenant":
+        return
+    from sglang_iso.integration.backend import UnsupportedConfigError
+    from sglang_iso.server.speculative import uncovered_speculative
+
+    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
+    if spec is not None:
+        raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {spec}")
+
+
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: refuse to serve with a tree cache that is not ours.
 
@@ -86,8 +107,13 @@ def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_k
 
     Raises:
         UnhardenedCacheError: the live ``scheduler.tree_cache`` is another class.
+        UncoveredDraftError: a speculative draft model the scrubber and owner check would not cover.
     """
     status = tree_cache_status(getattr(scheduler, "tree_cache", None))
+    if status["is_tenant"]:
+        from sglang_iso.integration.spec_draft import attach_draft_pools
+
+        attach_draft_pools(scheduler)  # a draft model's KV pool: scrubbed and zero-paged like the target's
     if os.environ.get(REQUIRE_ENV) != "1":
         logger.info("sglang-iso: tree cache %s (not enforced in this process)", status["impl"])
         return

@@ -23,12 +23,14 @@ batch's tokens, not the pool size, and does not sync with the host: per-request
 counts are copied back asynchronously and read when the batch's results are
 processed, where the violation is counted, logged, and the request aborted.
 
-NGRAM's verify pass (``TARGET_VERIFY``) is checked over the committed tokens
-and the drafts' window after them (the drafts' pages are adopted). Not covered
-(refused at start, see :func:`uncovered_features`): speculative decoding with a
-draft model and diffusion LLM decoding plan attention metadata outside
-``ModelRunner.forward``; PD decode workers fill pages by transfer, which no
-forward adopts.
+A speculative verify pass (``TARGET_VERIFY``) is checked over the committed
+tokens and the drafts' window after them (the drafts' pages are adopted). Draft
+passes of a draft model (STANDALONE) plan attention before their forward, so
+their rows are sanitized earlier, at the speculative worker's entry, through
+:meth:`OwnerTable.check_window` (``integration/spec_draft.py``). Not covered
+(refused at start, see :func:`uncovered_features`): other draft-model algorithms
+and diffusion LLM decoding plan attention metadata outside the checked points;
+PD decode workers fill pages by transfer, which no forward adopts.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def uncovered_features(server_args: Any) -> list[str]:
 
 def check_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``ModelRunner.forward``: sanitize the batch's rows once per forward, for every backend."""
-    # NOTE: only batches over this cache's rows; a draft runner's compact table is not ours.
+    # NOTE: only batches over this cache's rows (a STANDALONE draft runner shares them and is checked too);
+    # a draft runner with a compact table of its own is refused at start (spec_draft.attach_draft_pools).
     if (
         ACTIVE is not None
         and getattr(forward_batch, "req_pool_indices", None) is not None
@@ -117,6 +120,8 @@ class OwnerTable:
         self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
         self.violating_rows: set[int] = set()
+        self.draft_buffers: list[torch.Tensor] = []  # a draft model's KV buffers (same slots; spec_draft.py)
+        self.draft_step_checks = 0  # speculative decode steps checked before any draft planning
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
@@ -131,7 +136,8 @@ class OwnerTable:
         if slots is None:
             raise RuntimeError("sglang-iso: could not reserve the zero page for the owner check")
         page = int(slots[0]) // self.page_size
-        scrub_pages(kv_buffers(allocator.get_kvcache()), torch.tensor([page], dtype=torch.int64), self.page_size)
+        buffers = kv_buffers(allocator.get_kvcache()) + getattr(self, "draft_buffers", [])
+        scrub_pages(buffers, torch.tensor([page], dtype=torch.int64, device=self.page_owner.device), self.page_size)
         self.page_owner[page] = self.zero_owner
         return page
 
@@ -199,6 +205,15 @@ class OwnerTable:
         logger.info("sglang-iso: KV owner check installed (zero page %d)", self.zero_page)
         return self
 
+    def add_draft_buffers(self, buffers: list[torch.Tensor]) -> None:
+        """A draft model's KV buffers index the same slots: its zero page is zeroed too and checked by the
+        test plant (reads of refused slots land there in draft passes)."""
+        from sglang_iso_kernels import scrub_pages
+
+        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
+        scrub_pages(buffers, page, self.page_size)
+        self.draft_buffers.extend(buffers)
+
     # ------------------------------------------------------------------ slots
     def slot_of(self, namespace: str | None) -> int:
         if namespace is None:
@@ -250,8 +265,6 @@ class OwnerTable:
     def check_batch(self, forward_batch: Any) -> None:
         """Adopt this step's new pages and redirect every foreign or free slot of the batch's rows to the
         zero page: one pass over the batch's tokens, on the current (forward) stream, no host sync."""
-        from sglang_iso_kernels import sanitize_rows
-
         rows = forward_batch.req_pool_indices
         if rows.numel() == 0:
             return
@@ -268,10 +281,24 @@ class OwnerTable:
             drafts = int(forward_batch.spec_info.draft_token_num)
             write_start, seq_lens = seq_lens, seq_lens + drafts
             total = int(total) + drafts * int(rows.numel())
+        self.check_window(rows, seq_lens, write_start, int(total))
+
+    def check_window(
+        self, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor, total: int, *, draft_step: bool = False
+    ) -> None:
+        """Sanitize ``req_to_token[rows[b], 0:ends[b]]`` (adopting columns from ``write_start[b]`` on), for
+        checks that run before a forward's attention planning (``integration/spec_draft.py``). ``total`` is
+        ``sum(ends)`` on the host; ``draft_step`` counts a speculative step checked before its draft passes."""
+        from sglang_iso_kernels import sanitize_rows
+
+        if rows.numel() == 0:
+            return
+        if draft_step:
+            self.draft_step_checks += 1
         counts = sanitize_rows(
             self.cache.req_to_token_pool.req_to_token,
             rows,
-            seq_lens,
+            ends,
             write_start,
             self.page_owner,
             self.row_owner,
@@ -326,18 +353,32 @@ class OwnerTable:
             return
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
+        aborted = 0
         for req in getattr(batch, "reqs", None) or []:
             row = req.kv.req_pool_idx
             if row is not None and int(row) in self.violating_rows:
+                aborted += 1
                 req.to_finish = FINISH_ABORT(
                     "sglang-iso: isolation violation: the request referenced KV it does not own; aborted",
                     err_type="IsolationViolation",
                 )
                 self.violating_rows.discard(int(row))
+        if aborted:
+            self._rezero()
+
+    def _rezero(self) -> None:
+        """Zero the zero page again: a refused slot in a column a speculative pass writes (its write
+        locations are read from the sanitized row) lands there."""
+        from sglang_iso.integration.scrub import kv_buffers
+        from sglang_iso_kernels import scrub_pages
+
+        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache()) + self.draft_buffers
+        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
+        scrub_pages(buffers, page, self.page_size)
 
     def status(self) -> dict[str, int]:
         """Counters for /get_server_info."""
-        return {"owner_violations": self.violations}
+        return {"owner_violations": self.violations, "owner_draft_step_checks": self.draft_step_checks}
 
     def namespace_of(self, slot: int) -> str | None:
         """The namespace holding owner ``slot`` (None for UNTAGGED or an unknown slot)."""

@@ -52,6 +52,7 @@ class KvScrubber:
         self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
         self.scrub_calls = 0
         self.reset_rows = 0
+        self.draft_buffers = 0  # how many of ``buffers`` belong to a draft model's pool
 
     def install(self) -> KvScrubber:
         """Wrap the allocator's release and hand-out methods and the request pool's row release."""
@@ -90,6 +91,12 @@ class KvScrubber:
         )
         return self
 
+    def add_buffers(self, buffers: list[torch.Tensor]) -> None:
+        """Zero these buffers too on every scrub: a draft model's KV pool, which indexes the same slots
+        through the same allocator (``integration/spec_draft.py``)."""
+        self.buffers = [*self.buffers, *buffers]
+        self.draft_buffers += len(buffers)
+
     def flush(self) -> int:
         """Zero every pending page now; returns the number of pages zeroed."""
         if not self.pending:
@@ -113,6 +120,7 @@ class KvScrubber:
             "scrub_calls": self.scrub_calls,
             "pending_pages": sum(int(p.numel()) for p in self.pending),
             "reset_rows": self.reset_rows,
+            "draft_buffers": self.draft_buffers,
         }
 
     def _flush_before(self, method: Any) -> Any:

@@ -89,7 +89,7 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.__init__",
         ("self", "server_args"),
-        "AFTER hook: verifies the live tree cache is ours before serving",
+        "BEFORE hook: refuses an uncovered speculative algorithm; AFTER hook: verifies the live tree cache is ours",
     ),
     HookedSymbol(
         "sglang.srt.managers.scheduler_components.internal_state:SchedulerInternalStateController.get_internal_state",
@@ -386,6 +386,54 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         ("self",),
         "evict before a host load-back only when the pool is short",
     ),
+    # Draft-model speculative decoding, STANDALONE (integration/spec_draft.py).
+    HookedSymbol(
+        "sglang.srt.speculative.eagle_worker_v2:EAGLEWorkerV2.forward_batch_generation",
+        ("self", "batch"),
+        "BEFORE: a decode step's rows [0, seq + W) are sanitized before draft() plans attention",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.standalone_worker_v2:StandaloneWorkerV2.__init__",
+        ("self", "server_args", "gpu_id", "nccl_port", "target_worker"),
+        "sets speculative_num_steps, topk, speculative_num_draft_tokens (W = max(steps * topk, draft tokens)) "
+        "and adaptive_controller (refused when set); test_compat reads them in its source",
+    ),
+    HookedSymbol(
+        "sglang.srt.model_executor.model_runner:ModelRunner.__init__",
+        ("self", "is_draft_worker"),
+        "stored as model_runner.is_draft_worker: the forward check names a draft model's forwards (test plant)",
+    ),
+    HookedSymbol(
+        "sglang.srt.server_args:ServerArgs",
+        ("pp_size", "speculative_algorithm"),
+        "a draft model with pipeline parallelism is refused (the next round is drafted past the checked window)",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.base_spec_worker:BaseSpecWorker._draft_model_runners",
+        ("self",),
+        "the draft runners whose token_to_kv_pool buffers are scrubbed; req_to_token_pool and "
+        "token_to_kv_pool_allocator must be the tree cache's",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.eagle_worker_v2:EagleDraftWorker.draft",
+        ("self", "batch"),
+        "not hooked: calls init_forward_metadata before draft_runner.forward (why the check sits at the entry)",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.eagle_worker_common:prepare_for_draft_extend",
+        ("draft_extend_input", "batch", "num_draft_tokens", "draft_model_runner"),
+        "not hooked: plans the draft extend's attention from rows [0, seq + num_draft_tokens)",
+    ),
+    HookedSymbol(
+        "sglang.srt.speculative.eagle_worker_common:prepare_for_draft",
+        ("draft_input", "req_to_token_pool", "batch", "topk", "num_steps"),
+        "not hooked: reads the draft write slots from rows [seq, seq + steps * topk)",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.allocation_sizing:page_aligned_decode_alloc_lens",
+        ("reqs", "reserve", "page_size"),
+        "not hooked: reserves committed + 2 * alloc_len per decode, so [seq, seq + W) is allocated before a step",
+    ),
 )
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
@@ -401,4 +449,6 @@ REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
     "sglang.srt.speculative.ngram_worker.NGRAMWorker.__init__",
     "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_draft_tokens",
     "sglang.srt.speculative.ngram_worker.NGRAMWorker._update_ngram_corpus",
+    # draft-model speculative decoding: rows sanitized before any draft pass plans (integration/spec_draft.py)
+    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
 )

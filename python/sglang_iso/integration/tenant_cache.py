@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
 class TenantPolicy(NamedTuple):
     """Cache settings of one namespace owner (a tenant, or a cache group)."""
 

@@ -76,7 +76,6 @@ ALL_TENANTS: AllTenants = "*"
 _VALID_POLICIES = ", ".join(f'"{p}"' for p in CACHE_POLICIES)
 
 
-
 @dataclass(frozen=True)
 class Tenant:
     """One tenant. Immutable; built only by :func:`load_tenants_file`."""

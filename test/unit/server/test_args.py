@@ -57,7 +57,8 @@ def test_owner_check_accepts_every_attention_backend(backend: str) -> None:
     ("flags", "named"),
     [
         (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE"),
-        (["--speculative-algorithm", "STANDALONE"], "--speculative-algorithm STANDALONE"),
+        (["--speculative-algorithm", "NEXTN"], "--speculative-algorithm NEXTN"),
+        (["--speculative-algorithm", "DFLASH"], "--speculative-algorithm DFLASH"),
         (["--dllm-algorithm=LowConfidence"], "--dllm-algorithm LowConfidence"),
     ],
 )
@@ -68,8 +69,9 @@ def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str
     assert plan.kv_owner_check == "off"  # positive control: allowed with the check off
 
 
-def test_owner_check_allows_ngram() -> None:
-    plan = plan_launch(["--model-path", "m", "--speculative-algorithm", "NGRAM"], cuda_available=True)
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "standalone"])
+def test_owner_check_allows_covered_speculative_algorithms(algorithm: str) -> None:
+    plan = plan_launch(["--model-path", "m", "--speculative-algorithm", algorithm], cuda_available=True)
     assert plan.kv_owner_check == "on"
 
 

@@ -1,0 +1,182 @@
+"""STANDALONE speculative decoding (the bundled model as its own draft) with tenants, end to end on CPU.
+
+One server: STANDALONE, the owner check on, a tenants file, Triton attention in its interpreter. The draft
+model's KV sits at the target's slot indices, so one tree match hands out both:
+
+* positive control: acme repeating its prompt hits the cache, and the draft KV of every reused token is
+  there (a test plugin's counter reads the draft pool at the prefix slots of each prefill);
+* isolation: globex sending acme's prompt misses both (no cached tokens, no reused draft KV);
+* the counter reads the draft pool: after acme's draft KV is zeroed (test plugin command), acme's next hit
+  reuses target KV but finds no draft KV, and its output still does not change;
+* forced corruption on a draft pass: a foreign slot planted into a row at the start of a decode step, before
+  the draft plans attention, is redirected to the zero page and the request aborted;
+* lossless: every output equals the greedy output built one prefill at a time, up to a float tie;
+* accept statistics: per request in the caller's own meta_info; /metrics and server info are admin only.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso_testing import spec_plant
+from sglang_iso_testing.plant import COMMAND as PLANT
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess
+
+from .conftest import start_iso_server
+from .test_speculative import NEW_TOKENS, TENANTS, _assert_greedy_equal, _greedy_one_by_one
+from .test_tenants import auth, write_tenants_file
+
+pytestmark = pytest.mark.e2e
+
+PROMPT_LEN = 40
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    from sglang_iso.tenancy.keys import new_api_key
+
+    return {name: new_api_key() for name in (*TENANTS, "admin")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    path: Path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
+    srv = start_iso_server(
+        "--tenants-file", str(path), "--attention-backend", "triton", "--speculative-algorithm", "STANDALONE",
+        "--speculative-draft-model-path", str(tiny_model_path()), "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--enable-metrics",
+        # NOTE: the Triton backend needs the interpreter on CPU; the test switch arms only on admin commands
+        env={"TRITON_INTERPRET": "1", **plant_env()},
+    )  # fmt: skip
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _prompt() -> list[int]:
+    rng = random.Random(uuid.uuid4().int)
+    return [rng.randrange(300, 2000) for _ in range(PROMPT_LEN)]
+
+
+def _generate(server: ServerProcess, key: str, ids: list[int]) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}},
+        headers=auth(key),
+    )
+    assert status == 200, out
+    return out
+
+
+def _state(server: ServerProcess, keys: dict[str, str]) -> dict:
+    status, info = server.get_with("/get_server_info", auth(keys["admin"]))
+    assert status == 200
+    return info["internal_states"][0]["sglang_iso"]
+
+
+def _testing(server: ServerProcess, keys: dict[str, str]) -> dict:
+    status, info = server.get_with("/get_server_info", auth(keys["admin"]))
+    assert status == 200
+    return info["internal_states"][0]["sglang_iso_testing"]
+
+
+def _reused(server: ServerProcess, keys: dict[str, str]) -> int:
+    return int(_testing(server, keys)["draft_kv_reused_tokens"])
+
+
+def _admin(server: ServerProcess, keys: dict[str, str], command: str) -> None:
+    status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(keys["admin"]))
+    assert status == 200 and out == [True], out
+
+
+def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
+    server: ServerProcess,
+    keys: dict[str, str],
+) -> None:
+    prompt = _prompt()
+    before = _reused(server, keys)
+    first = _generate(server, keys["acme"], prompt)
+    assert first["meta_info"]["spec_verify_ct"] > 0, first["meta_info"]  # it did speculate
+    assert first["meta_info"]["cached_tokens"] == 0
+    after_first = _reused(server, keys)
+    assert after_first == before
+
+    repeat = _generate(server, keys["acme"], prompt)  # positive control: target and draft KV reused
+    cached = repeat["meta_info"]["cached_tokens"]
+    assert cached >= PROMPT_LEN - 1, repeat["meta_info"]
+    after_repeat = _reused(server, keys)
+    assert after_repeat - after_first == cached  # the draft KV of every reused token was there
+
+    other = _generate(server, keys["globex"], prompt)  # isolation: globex misses both
+    assert other["meta_info"]["cached_tokens"] == 0, other["meta_info"]
+    assert _reused(server, keys) == after_repeat
+
+    _admin(server, keys, spec_plant.ZERO_DRAFT + "acme")  # the counter really reads the draft pool
+    zeroed = _generate(server, keys["acme"], prompt)
+    assert zeroed["meta_info"]["cached_tokens"] == cached
+    assert _reused(server, keys) == after_repeat  # target KV reused, draft KV found zero
+
+    reference, gaps = _greedy_one_by_one(server, keys["initech"], prompt)
+    for r in (first, repeat, other, zeroed):
+        _assert_greedy_equal(r["output_ids"], reference, gaps)
+    tree = _state(server, keys)["tree_cache"]
+    assert tree["draft_buffers"] > 0 and tree["owner_draft_step_checks"] > 0  # draft pool scrubbed, steps checked
+    assert tree["owner_violations"] == 0  # no false positives on draft, verify or draft-extend passes
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "draft",  # at the decode step's entry, before the draft plans attention
+        "draft_forward",  # at a draft model forward (the first is the prefill's draft extend)
+    ],
+)
+def test_planted_foreign_slot_in_a_draft_pass_is_refused(
+    server: ServerProcess, keys: dict[str, str], kind: str
+) -> None:
+    _generate(server, keys["globex"], _prompt())  # globex owns pages
+    before = _state(server, keys)["tree_cache"]
+    planted_before = _testing(server, keys)["planted_read_zero"]
+    _admin(server, keys, f"{PLANT}{kind}:acme")
+    status, out = server.post(
+        "/generate",
+        {"input_ids": _prompt(), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
+        headers=auth(keys["acme"]),
+    )
+    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert (aborted or 400 <= status < 500) and "isolation violation" in str(out), (status, out)
+    after = _state(server, keys)["tree_cache"]
+    assert after["owner_violations"] > before["owner_violations"]
+    assert _testing(server, keys)["planted_read_zero"] > planted_before  # zero in target and draft pools
+    assert "TEST plant" in server.log_text()
+    again = _generate(server, keys["acme"], _prompt())  # served normally afterwards
+    assert again["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_accept_stats_per_request_or_admin_only(server: ServerProcess, keys: dict[str, str]) -> None:
+    own = _generate(server, keys["hooli"], _prompt())
+    assert own["meta_info"]["spec_accept_length"] >= 1  # the caller's own request only
+    for path in ("/get_server_info", "/metrics"):
+        status, _ = server.get_with(path, auth(keys["acme"]))
+        assert status == 403, path
+    status, metrics = server.get_with("/metrics", auth(keys["admin"]))  # positive control
+    assert status == 200 and "sglang:spec_accept_length" in str(metrics)  # one server-wide aggregate
+
+
+def test_every_free_page_is_zero_in_target_and_draft_pools(server: ServerProcess, keys: dict[str, str]) -> None:
+    # Poison and check end to end: after real traffic (request releases free the speculative over-allocation,
+    # a tenant flush frees tree pages), every free page is zero in the target's and the draft's buffers.
+    _generate(server, keys["globex"], _prompt())
+    _admin(server, keys, "sglang_iso.flush:acme")
+    _admin(server, keys, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a planted non-zero free page is found
+    _admin(server, keys, spec_plant.FREE_PAGES_ZERO)
+    assert _testing(server, keys)["free_pages_holding_data"] == 0
