@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
 DEVICE_TOKENS = "2048"
+SMALL_QUOTA = 96  # initech's host and L3 caps (tokens)
 
 
 def prompt(words: int) -> str:
@@ -42,6 +43,7 @@ def write_tenants(d: Path) -> Path:
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
     for name in ("acme", "globex", "initech"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
+    lines += [f"host_quota_tokens = {SMALL_QUOTA}", f"l3_quota_tokens = {SMALL_QUOTA}"]  # initech only
     (d / "t.toml").write_text("\n".join(lines) + "\n")
     return d / "t.toml"
 
@@ -158,6 +160,27 @@ def test_tenant_flush_drops_host_and_file_pages(server: ServerProcess) -> None:
     assert gen(server, "acme", target)["cached_tokens"] >= n // 2  # control: reachable again after the refill
     for _ in range(8):
         gen(server, "acme", prompt(50))
+
+
+def test_tenant_tier_quotas_are_enforced_and_reported(server: ServerProcess) -> None:
+    # initech alone pushes its own prompts out of the device: host and L3 keep at most its quota, the rest of
+    # its oldest pages are pruned; acme's files (read back after the restart below) are untouched.
+    mine = [prompt(50) for _ in range(16)]
+    for text in mine:
+        gen(server, "initech", text)
+    row = wait_for(server, lambda s: s["initech"].get("l3_pruned_tokens", 0) > 0)["initech"]
+    assert row["l3_pruned_tokens"] > 0 and 0 < row["l3_resident_tokens"] <= SMALL_QUOTA, row
+    assert 0 < row["host_resident_tokens"] <= SMALL_QUOTA, row
+    assert (row["host_quota_tokens"], row["l3_quota_tokens"]) == (SMALL_QUOTA, SMALL_QUOTA), row
+    acme = stats(server)["acme"]
+    assert acme["l3_pruned_tokens"] == 0 and acme["l3_quota_tokens"] is None, acme
+    time.sleep(1.5)  # the scheduler exports its counters at most once a second
+    gen(server, "initech", prompt(5))
+    status, body = server.get_with("/metrics", {"Authorization": f"Bearer {KEYS['admin']}"})
+    assert status == 200
+    assert 'sglang_iso:l3_resident_tokens{tenant="initech"}' in body
+    assert 'sglang_iso:tier_quota_tokens{tenant="initech",tier="l3"} 96.0' in body
+    assert 'sglang_iso:l3_pruned_tokens_total{tenant="initech"}' in body
 
 
 def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:

@@ -142,7 +142,7 @@ def test_tenant_quota_caps_its_host_residency_too() -> None:
     capped = TenantRadixCache(
         _params(cache),
         NamespaceResolver(secret),
-        {"acme": TenantPolicy(quota_tokens=8, policy="private")},
+        {"acme": TenantPolicy(quota_tokens=8, policy="private", host_quota_tokens=8)},
     )
     capped.host = HostCache(capped, 64)
     capped.tree.set_spill(capped.host.spill)

@@ -168,3 +168,107 @@ def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypat
     ok, _, _ = make(4)
     _attach_host_tier(ok, ctx, SECRET)  # type: ignore[arg-type]
     assert ok.host.l3 is not None and (tmp_path / "l3").is_dir()
+
+
+def _owner(ns: str) -> str:
+    return ns.split(":")[1]
+
+
+def test_owner_over_its_l3_quota_loses_its_own_oldest_files_only(tmp_path: Path) -> None:
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert st.write("t:globex:1", b"g", b"gggg")  # globex's file is the oldest of all
+    assert st.set_quota("acme", 2) == 0
+    for digest in (b"d1", b"d2", b"d3"):
+        assert st.write("t:acme:1", digest, b"kvkv")
+    assert st.read("t:acme:1", b"d1") is None  # acme's oldest went
+    assert st.read("t:acme:1", b"d2") == b"kvkv" and st.read("t:acme:1", b"d3") == b"kvkv"
+    assert st.read("t:globex:1", b"g") == b"gggg"  # never another tenant's
+    assert st.owner_stats("acme") == {"l3_resident_pages": 2, "l3_pruned_pages": 1}
+    assert len(list(tmp_path.glob("*.kv"))) == 3
+    st.set_quota("acme", 1)  # lowering the quota deletes at once
+    assert st.owner_stats("acme")["l3_resident_pages"] == 1 and len(list(tmp_path.glob("*.kv"))) == 2
+    st.set_quota("globex", 0)
+    assert not st.write("t:globex:1", b"g2", b"gggg")  # quota 0: nothing stored, not an error
+    st.index.check_integrity()
+
+
+def test_overall_cap_deletes_the_least_recently_used_files_across_restarts(tmp_path: Path) -> None:
+    probe = FileL3Store(tmp_path / "probe", SECRET, FINGERPRINT, 4)
+    cap = 3 * probe.file_bytes
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=cap)
+    for digest in (b"d1", b"d2", b"d3"):
+        assert st.write("t:acme:1", digest, b"kvkv")
+    assert st.read("t:acme:1", b"d1") == b"kvkv"  # d1 is now the most recent
+    assert st.write("t:globex:1", b"g", b"gggg")  # full: the least recently used file of anyone (d2) goes
+    assert st.read("t:acme:1", b"d2") is None and st.read("t:acme:1", b"d1") == b"kvkv"
+    assert st.status()["l3_pruned_pages"] == 1 and st.status()["l3_resident_pages"] == 3
+    smaller = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=2 * probe.file_bytes)  # a restart
+    assert len(smaller.index) == 2 and len(list(tmp_path.glob("*.kv"))) == 2
+    with pytest.raises(ValueError, match="smaller than one page file"):
+        FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, max_bytes=10)
+
+
+def test_flush_deletes_the_flushed_files_and_a_restart_removes_stale_ones(tmp_path: Path) -> None:
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    for ns in ("t:acme:1", "t:acme:2", "t:globex:1"):
+        assert st.write(ns, b"d", b"kvkv")
+    assert st.flush("owner:acme") == 2  # both of acme's namespaces, deleted now
+    assert len(list(tmp_path.glob("*.kv"))) == 1 and st.read("t:globex:1", b"d") == b"kvkv"
+    # A file written by another process under the old epoch is unreachable and removed at the next start.
+    other = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert other.write("t:globex:1", b"x", b"xxxx")
+    other.flush("ns:t:globex:1")
+    st.write("t:globex:1", b"y", b"yyyy")  # st's view of the epochs is older: its name is stale too
+    restarted = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert restarted.stale_removed == 1 and len(restarted.index) == 0
+    assert list(tmp_path.glob("*.kv")) == []
+
+
+def test_files_of_another_secret_are_never_counted_or_deleted(tmp_path: Path) -> None:
+    old = FileL3Store(tmp_path, b"o" * 32, FINGERPRINT, 4, _owner)
+    assert old.write("t:acme:1", b"d", b"kvkv")
+    probe = FileL3Store(tmp_path / "probe", SECRET, FINGERPRINT, 4)
+    new = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=probe.file_bytes)
+    assert new.foreign_files == 1 and len(new.index) == 0
+    assert new.write("t:acme:1", b"e", b"kvkv") and new.write("t:acme:1", b"f", b"kvkv")
+    assert len(list(tmp_path.glob("*.kv"))) == 2  # the old secret's file stays (the operator removes it)
+    assert new.flush("*") == 1 and len(list(tmp_path.glob("*.kv"))) == 1
+
+
+def test_tenant_l3_quota_is_enforced_reported_and_flushed(tmp_path: Path) -> None:
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+    from test.integration.test_host_cache import _params
+
+    base, allocator, kv = make(4)
+    secret = b"k" * 32
+    resolver = NamespaceResolver(secret)
+    policies = {
+        "acme": TenantPolicy(None, "private", host_quota_tokens=4, l3_quota_tokens=8),
+        "globex": TenantPolicy(None, "private"),
+    }
+    cache = TenantRadixCache(_params(base), resolver, policies)
+    cache.host = HostCache(cache, 64)
+    cache.host.l3 = FileL3Store(
+        tmp_path, secret, FINGERPRINT, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+    )
+    cache.tree.set_spill(cache.host.spill)
+    for owner, settings in policies.items():
+        cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
+    acme, globex = make_tag(secret, "acme", "a" * 64), make_tag(secret, "globex", "b" * 64)
+    store(cache, allocator, kv, list(range(900, 908)), globex)
+    cache.evict(EvictParams(num_tokens=8))
+    for start in (100, 200):  # 16 of acme's tokens go to L3: its 8-token quota keeps the newest 8
+        store(cache, allocator, kv, list(range(start, start + 8)), acme)
+        cache.evict(EvictParams(num_tokens=8))
+    rows = cache.tenant_stats()
+    assert rows["acme"]["l3_resident_tokens"] == 8 and rows["acme"]["l3_pruned_tokens"] == 8, rows
+    assert rows["acme"]["l3_quota_tokens"] == 8 and rows["acme"]["host_quota_tokens"] == 4
+    assert rows["acme"]["host_resident_tokens"] == 4  # the host quota covers all of acme's namespaces
+    assert rows["globex"]["l3_resident_tokens"] == 8 and rows["globex"]["l3_pruned_tokens"] == 0
+    assert rows["globex"]["l3_quota_tokens"] is None
+    assert cached(cache, list(range(900, 908)), globex).device_prefix_len == 8  # control: globex hits
+    cache.flush_owner("acme")  # acme's files are deleted, globex's stay
+    assert cache.tenant_stats()["acme"]["l3_resident_tokens"] == 0
+    assert cached(cache, list(range(200, 208)), acme).device_prefix_len == 0
+    assert len(list(tmp_path.glob("*.kv"))) == 2

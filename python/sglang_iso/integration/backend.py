@@ -76,7 +76,10 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     if config is not None:
         for tenant in config.tenants.values():
             policies[tenant.group or tenant.id] = TenantPolicy(
-                quota_tokens=tenant.quota_tokens, policy=tenant.cache_policy
+                quota_tokens=tenant.quota_tokens,
+                policy=tenant.cache_policy,
+                host_quota_tokens=tenant.host_quota_tokens,
+                l3_quota_tokens=tenant.l3_quota_tokens,
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
     cache = TenantRadixCache(ctx.params, resolver, policies)
@@ -111,7 +114,8 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     L3 file store when the launcher set its directory.
 
     Raises:
-        UnsupportedConfigError: L3 storage without a namespace secret, or its directory cannot be created.
+        UnsupportedConfigError: L3 storage without a namespace secret, its directory cannot be created, or a
+            malformed overall cap.
     """
     import math
     import os
@@ -119,7 +123,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
     from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
     from sglang_iso.integration.scrub import kv_buffers
-    from sglang_iso.server.hicache_args import L3_DIR_ENV
+    from sglang_iso.server.hicache_args import L3_DIR_ENV, L3_MAX_BYTES_ENV
 
     server_args = ctx.server_args
 
@@ -142,13 +146,36 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     )
     fingerprint = model_fingerprint(str(server_args.model_path), layout)
     resolver = cache.resolver
+    raw_max = os.environ.get(L3_MAX_BYTES_ENV, "").strip()
+    try:
+        max_bytes = int(raw_max) if raw_max else None
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("must be positive")
+    except ValueError:
+        raise UnsupportedConfigError(
+            f"sglang-iso: {L3_MAX_BYTES_ENV}={raw_max!r}: expected a positive number of bytes "
+            "(set by the launcher from --iso-l3-max-gb)"
+        ) from None
     try:
         cache.host.l3 = FileL3Store(
-            directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+            directory,
+            secret,
+            fingerprint,
+            cache.host.page_bytes,
+            lambda ns: resolver.tenant_of(ns) or "open",
+            max_bytes=max_bytes,
         )
     except OSError as exc:
         raise UnsupportedConfigError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
-    logger.info("sglang-iso: L3 file store attached (page files keyed by the namespace secret)")
+    except ValueError as exc:
+        raise UnsupportedConfigError(f"sglang-iso: L3 storage: {exc} (raise --iso-l3-max-gb)") from None
+    for owner, settings in cache.policies.items():
+        cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
+    logger.info(
+        "sglang-iso: L3 file store attached (page files keyed by the namespace secret; %d indexed, cap %s pages)",
+        len(cache.host.l3.index),
+        cache.host.l3.index.max_pages,
+    )
 
 
 def _server_tokenizer(server_args: Any) -> Any:

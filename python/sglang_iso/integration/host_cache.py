@@ -188,6 +188,21 @@ class HostCache:
             out["l3_loaded_tokens"] = counts.get("l3_loaded_tokens", 0)
         return out
 
+    def owner_stats(self, owner: str) -> dict[str, int]:
+        """L3 residency and pruning of ``owner`` (tokens; the store counts per owner, not per namespace)."""
+        if self.l3 is None:
+            return {}
+        pages = self.l3.owner_stats(owner)
+        return {
+            "l3_resident_tokens": pages["l3_resident_pages"] * self.page_size,
+            "l3_pruned_tokens": pages["l3_pruned_pages"] * self.page_size,
+        }
+
+    def set_l3_quota(self, owner: str, tokens: int | None) -> None:
+        """Cap ``owner``'s L3 tokens (whole pages; None: only the overall cap); its oldest files over it go now."""
+        if self.l3 is not None:
+            self.l3.set_quota(owner, None if tokens is None else tokens // self.page_size)
+
     def reset(self) -> None:
         """Drop every host page (scrubbed) and make every L3 page unreachable (``/flush_cache``, weight updates:
         KV computed before may not match the weights after)."""

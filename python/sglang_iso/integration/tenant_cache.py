@@ -59,6 +59,8 @@ class TenantPolicy(NamedTuple):
 
     quota_tokens: int | None  # cap on resident tokens per namespace; None = unlimited
     policy: Policy  # "private" or "off"
+    host_quota_tokens: int | None = None  # cap on the owner's host-tier tokens, all namespaces; None = unlimited
+    l3_quota_tokens: int | None = None  # cap on the owner's L3 tokens; None = only the store's overall cap
 
 
 class IsoNode:
@@ -321,6 +323,13 @@ class TenantRadixCache(BasePrefixCache):
                 row[field] = int(row[field] or 0) + int(value)
             for field, value in (self.host.ns_stats(ns) if self.host is not None else {}).items():
                 row[field] = int(row.get(field) or 0) + value
+        if self.host is not None:
+            for owner, row in out.items():
+                settings = self.policies.get(owner)
+                row["host_quota_tokens"] = settings.host_quota_tokens if settings is not None else None
+                if self.host.l3 is not None:
+                    row.update(self.host.owner_stats(owner))
+                    row["l3_quota_tokens"] = settings.l3_quota_tokens if settings is not None else None
         return out
 
     def readable_shared(self, ns: str | None) -> list[str]:
@@ -367,8 +376,13 @@ class TenantRadixCache(BasePrefixCache):
             if m is not None:
                 m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
                 m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
-                if "host_resident_tokens" in row:
-                    m["host_resident_tokens"].labels(tenant=owner).set(row["host_resident_tokens"] or 0)
+                for tier in ("host", "l3"):
+                    if f"{tier}_resident_tokens" in row:
+                        m[f"{tier}_resident_tokens"].labels(tenant=owner).set(row[f"{tier}_resident_tokens"] or 0)
+                        m["tier_quota_tokens"].labels(tenant=owner, tier=tier).set(row[f"{tier}_quota_tokens"] or 0)
+                pruned = self._delta(f"{owner}/l3_pruned", int(row.get("l3_pruned_tokens") or 0))
+                if pruned:
+                    m["l3_pruned_tokens"].labels(tenant=owner).inc(pruned)
                 for tier in ("host", "l3"):
                     loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
                     if loaded:
@@ -416,7 +430,8 @@ class TenantRadixCache(BasePrefixCache):
             self.tree.set_quota(ns, settings.quota_tokens)
             self.tree.set_policy(ns, settings.policy)
             if self.host is not None:
-                self.host.tier.set_quota(ns, settings.quota_tokens)  # NOTE: the same cap again on the host
+                # NOTE: one host cap over all of the owner's namespaces (base model and each adapter)
+                self.host.tier.set_quota(ns, settings.host_quota_tokens, group=owner)
         self._configured.add(ns)
 
     def _tensor(self, values: Any) -> torch.Tensor:

@@ -161,6 +161,27 @@ def test_quota_drops_own_lru_pages_only(page_size: int) -> None:
     t.check_integrity()
 
 
+def test_group_quota_caps_a_tenants_namespaces_together(page_size: int) -> None:
+    host = Host(page_size, 16)
+    t = host.tier
+    c_path = array("q", seq(page_size, 7))
+    host.spill("ns-c", c_path, (0,) * len(c_path))  # another tenant's page, older than all of A's
+    a_path = array("q", seq(page_size, 1, 2))
+    host.spill(A, a_path, (0,) * len(a_path))  # placed before A had a group: moves into the group
+    t.set_quota(A, 3 * page_size, group="tenant-1")
+    t.set_quota(B, 3 * page_size, group="tenant-1")
+    b_path = array("q", seq(page_size, 4, 5))
+    host.spill(B, b_path, (0,) * len(b_path))  # 4 pages in the group: A's oldest goes, never ns-c's
+    t.check_integrity()
+    assert t.group_resident_tokens(A) == t.group_resident_tokens(B) == 3 * page_size
+    assert len(t.lookup(A, a_path, 0)) == 0 and t.stats(A).resident_tokens == page_size
+    assert len(t.lookup("ns-c", c_path, 0)) == 1
+    t.set_quota(A, page_size, group="other")  # a namespace keeps its first group; lowering trims the group
+    assert t.group_resident_tokens(B) == page_size
+    assert len(t.lookup("ns-c", c_path, 0)) == 1
+    t.check_integrity()
+
+
 def test_lazy_chain_matches_the_eager_one() -> None:
     t = HostTier(2, 1, lambda pages: None)
     tokens = [3, 1, 4, 1, 5, 9, 2]
