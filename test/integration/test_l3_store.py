@@ -27,7 +27,10 @@ TOKENS = list(range(500, 516))
 def with_l3(page_size: int, directory: Path, *, secret: bytes = SECRET, fingerprint: bytes = FINGERPRINT) -> tuple:
     cache, allocator, kv = make(page_size)
     cache.host = HostCache(cache, 8 * page_size)
-    cache.host.l3 = FileL3Store(directory, secret, fingerprint, cache.host.page_bytes)
+    resolver = cache.resolver
+    cache.host.l3 = FileL3Store(
+        directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+    )
     cache.tree.set_spill(cache.host.spill)
     return cache, allocator, kv
 
@@ -272,3 +275,41 @@ def test_tenant_l3_quota_is_enforced_reported_and_flushed(tmp_path: Path) -> Non
     assert cache.tenant_stats()["acme"]["l3_resident_tokens"] == 0
     assert cached(cache, list(range(200, 208)), acme).device_prefix_len == 0
     assert len(list(tmp_path.glob("*.kv"))) == 2
+
+
+def test_report_exports_tier_residency_per_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import defaultdict
+
+    from sglang_iso import observability
+
+    calls: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[str, float]]] = defaultdict(list)
+
+    class Series:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def labels(self, **labels: str) -> _Bound:
+            return _Bound(self.name, tuple(sorted(labels.items())))
+
+    class _Bound:
+        def __init__(self, name: str, labels: tuple[tuple[str, str], ...]) -> None:
+            self.key = (name, labels)
+
+        def set(self, value: float) -> None:
+            calls[self.key].append(("set", value))
+
+        def inc(self, value: float = 1) -> None:
+            calls[self.key].append(("inc", value))
+
+    class Metrics(dict):  # type: ignore[type-arg]
+        def __missing__(self, name: str) -> Series:
+            return Series(name)
+
+    monkeypatch.setattr(observability, "metrics", lambda: Metrics())
+    cache, allocator, kv = with_l3(4, tmp_path)
+    store(cache, allocator, kv, TOKENS, "tenant-a")
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    cache.report.maybe_export(min_interval_s=0)
+    assert calls[("l3_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
+    assert calls[("host_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
+    assert ("tier_quota_tokens", (("tenant", "open"), ("tier", "l3"))) in calls

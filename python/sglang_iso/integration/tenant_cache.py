@@ -22,7 +22,6 @@ Request lifecycle (page_size p; ``protected`` = ``req.kv.cache_protected_len``):
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -40,9 +39,9 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from sglang_iso import observability
 from sglang_iso.cache import NodeHandle, Policy, TenantRadixTree
 from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.integration.cache_report import CacheReport
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
 if TYPE_CHECKING:
@@ -111,8 +110,7 @@ class TenantRadixCache(BasePrefixCache):
         self.ongoing_write_through: dict[int, Any] = {}
         self.ongoing_load_back: dict[int, Any] = {}
         self.enable_storage = False
-        self._exported: dict[str, int] = {}  # counter values already exported to metrics / audit
-        self._last_export = 0.0
+        self.report = CacheReport(self, BACKEND_NAME)
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root_node = IsoNode(NodeHandle(()), self._empty_indices, None)
 
@@ -134,7 +132,7 @@ class TenantRadixCache(BasePrefixCache):
         found = self.tree.match(ns, tokens)
         if self.host is not None and self.host.load_back(ns, tokens, found):
             found = self.tree.match(ns, tokens)
-        self._maybe_export()
+        self.report.maybe_export()
         if found.prefix_len == 0:
             return self._miss()
         node = IsoNode(found.last_node, self._tensor(found.indices), ns)
@@ -205,7 +203,7 @@ class TenantRadixCache(BasePrefixCache):
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
         evicted = self.tree.evict(params.num_tokens)
-        self._maybe_export()
+        self.report.maybe_export()
         return EvictResult(num_tokens_evicted=evicted)
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
@@ -268,69 +266,16 @@ class TenantRadixCache(BasePrefixCache):
     # ------------------------------------------------------------------------------------------ sglang-iso API
 
     def iso_status(self) -> dict[str, Any]:
-        """A JSON-safe summary for /get_server_info and the startup check."""
-        return {
-            "backend": BACKEND_NAME,
-            "impl": type(self).__name__,
-            "page_size": self.page_size,
-            "disabled": self.disable,
-            "namespace_mode": self.resolver.mode,
-            "evictable_tokens": self.evictable_size(),
-            "protected_tokens": self.protected_size(),
-            "violations": self.tree.violations,
-            "rejected_tags": self.resolver.rejected_tags,
-            "untagged_lookups": self.resolver.untagged,
-            "kv_scrub": "off" if self.scrubber is None else "on-free",
-            "kv_owner_check": "off" if self.owners is None else "on",
-            "owner_violations": 0,
-            **({} if self.owners is None else self.owners.status()),
-            **({} if self.scrubber is None else self.scrubber.status()),
-            **({} if self.host is None else self.host.status()),
-        }
+        """A JSON-safe summary for /get_server_info and the startup check (see :class:`CacheReport`)."""
+        return self.report.status()
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:
-        """Per-owner totals over its namespaces (tokens), for ``GET /iso/tenants``."""
-        out: dict[str, dict[str, int | None]] = {}
-        for ns in sorted(self._configured):
-            owner = self.resolver.tenant_of(ns) or "open"
-            st = self.tree.stats(ns)
-            row = out.setdefault(
-                owner,
-                {
-                    "namespaces": 0,
-                    "resident_tokens": 0,
-                    "evictable_tokens": 0,
-                    "protected_tokens": 0,
-                    "hit_tokens": 0,
-                    "lookup_tokens": 0,
-                    "inserted_tokens": 0,
-                    "evicted_tokens": 0,
-                    "violations": 0,
-                    "quota_tokens_per_namespace": st.quota,
-                },
-            )
-            row["namespaces"] = int(row["namespaces"] or 0) + 1
-            for field, value in (
-                ("resident_tokens", st.resident),
-                ("evictable_tokens", st.evictable),
-                ("protected_tokens", st.protected),
-                ("hit_tokens", st.hit_tokens),
-                ("lookup_tokens", st.lookup_tokens),
-                ("inserted_tokens", st.inserted_tokens),
-                ("evicted_tokens", st.evicted_tokens),
-                ("violations", st.violations),
-            ):
-                row[field] = int(row[field] or 0) + int(value)
-            for field, value in (self.host.ns_stats(ns) if self.host is not None else {}).items():
-                row[field] = int(row.get(field) or 0) + value
-        if self.host is not None:
-            for owner, row in out.items():
-                settings = self.policies.get(owner)
-                row["host_quota_tokens"] = settings.host_quota_tokens if settings is not None else None
-                if self.host.l3 is not None:
-                    row.update(self.host.owner_stats(owner))
-                    row["l3_quota_tokens"] = settings.l3_quota_tokens if settings is not None else None
-        return out
+        """Per-owner totals over its namespaces (tokens), for ``GET /iso/tenants`` (see :class:`CacheReport`)."""
+        return self.report.tenant_stats()
+
+    def namespaces(self) -> list[str]:
+        """Namespaces seen so far (configured on first use), sorted."""
+        return sorted(self._configured)
 
     def readable_shared(self, ns: str | None) -> list[str]:
         return self.tree.readable_shared(ns) if ns is not None else []
@@ -361,52 +306,6 @@ class TenantRadixCache(BasePrefixCache):
         return self.tree.flush(ns) + (self.host.flush(ns) if self.host is not None else 0)
 
     # ------------------------------------------------------------------------------------------ private
-
-    def _maybe_export(self, min_interval_s: float = 1.0) -> None:
-        """Push per-tenant gauges and counter deltas to metrics and the audit log (throttled)."""
-        now = time.monotonic()
-        if now - self._last_export < min_interval_s:
-            return
-        self._last_export = now
-        audit_log = observability.scheduler_audit_logger()  # first: this process writes PATH.scheduler
-        m = observability.metrics()
-        if m is None and audit_log is None:
-            return
-        for owner, row in self.tenant_stats().items():
-            if m is not None:
-                m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
-                m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
-                for tier in ("host", "l3"):
-                    if f"{tier}_resident_tokens" in row:
-                        m[f"{tier}_resident_tokens"].labels(tenant=owner).set(row[f"{tier}_resident_tokens"] or 0)
-                        m["tier_quota_tokens"].labels(tenant=owner, tier=tier).set(row[f"{tier}_quota_tokens"] or 0)
-                pruned = self._delta(f"{owner}/l3_pruned", int(row.get("l3_pruned_tokens") or 0))
-                if pruned:
-                    m["l3_pruned_tokens"].labels(tenant=owner).inc(pruned)
-                for tier in ("host", "l3"):
-                    loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
-                    if loaded:
-                        m["tier_loaded_tokens"].labels(tenant=owner, tier=tier).inc(loaded)
-            for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
-                delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
-                if delta and m is not None:
-                    m[metric].labels(tenant=owner).inc(delta)
-                if delta and field == "violations":
-                    observability.audit("isolation_violation", tenant=owner, count=delta)
-        rejected = self._delta("unverified/violations", self.resolver.rejected_tags)
-        if rejected:
-            if m is not None:
-                m["violations"].labels(tenant="unverified").inc(rejected)
-            observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
-        if self.scrubber is not None:
-            scrubbed = self._delta("scrubbed_pages", self.scrubber.scrubbed_pages)
-            if scrubbed and m is not None:
-                m["scrubbed_pages"].inc(scrubbed)
-
-    def _delta(self, name: str, value: int) -> int:
-        delta = value - self._exported.get(name, 0)
-        self._exported[name] = value
-        return max(delta, 0)
 
     def _release_slots(self, slots: list[int]) -> None:
         """The only path by which slots leave the tree for the allocator."""
