@@ -167,3 +167,38 @@ def _params(cache):  # type: ignore[no-untyped-def]
         token_to_kv_pool_allocator=cache.token_to_kv_pool_allocator,
         page_size=cache.page_size,
     )
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_shared_prefix_comes_back_for_its_readers_only(page_size: int) -> None:
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.shared_prefixes import SCOPE
+    from sglang_iso.integration.tenant_cache import TenantRadixCache
+
+    base, allocator, kv = make(page_size)
+    secret = b"k" * 32
+    cache = TenantRadixCache(_params(base), NamespaceResolver(secret))
+    cache.host = HostCache(cache, 64)
+    cache.tree.set_spill(cache.host.spill)
+    head = list(range(300, 308))
+    cache.tree.declare_shared("sys", head, frozenset({"acme", "initech"}), scope=SCOPE)
+    acme, initech, globex = (make_tag(secret, t, c * 64) for t, c in (("acme", "a"), ("initech", "b"), ("globex", "c")))
+    full = head + list(range(400, 408))
+    original = k_values(kv, store(cache, allocator, kv, full, acme))
+    assert cache.evict(EvictParams(num_tokens=len(full))).num_tokens_evicted == len(full)
+    assert cache.host.tier.stats("shared:sys").resident_tokens == len(head)
+
+    assert cached(cache, full, globex).device_prefix_len == 0  # not a reader: neither the prefix nor acme's tail
+    assert cache.resolver.rejected_tags == 0  # (the miss above is the tree's, not a refused tag's)
+    hit = cached(cache, full, acme)  # positive control: the prefix, then acme's own continuation
+    assert hit.device_prefix_len == len(full)
+    assert k_values(kv, cache.path_device_indices(hit.last_device_node)) == original
+    cache.host.tier.check_integrity()
+    assert cache.check_integrity()
+
+    cache.evict(EvictParams(num_tokens=len(full)))
+    other = cached(cache, head + list(range(500, 508)), initech)  # another reader: the prefix only
+    assert other.device_prefix_len == len(head)
+    assert k_values(kv, cache.path_device_indices(other.last_device_node)) == original[: len(head)]
+    assert cache.host.tier.stats("shared:sys").resident_tokens == 0  # taken back to the device
+    assert cache.check_integrity()

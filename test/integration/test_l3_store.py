@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from sglang_iso.integration.host_cache import HostCache
+from sglang_iso.integration.host_cache import HostCache, l3_owner_of
 from sglang_iso.integration.l3_store import FileL3Store
 from test.integration.test_host_cache import cached, k_values, store
 from test.integration.test_scrub import make
@@ -27,10 +27,7 @@ TOKENS = list(range(500, 516))
 def with_l3(page_size: int, directory: Path, *, secret: bytes = SECRET, fingerprint: bytes = FINGERPRINT) -> tuple:
     cache, allocator, kv = make(page_size)
     cache.host = HostCache(cache, 8 * page_size)
-    resolver = cache.resolver
-    cache.host.l3 = FileL3Store(
-        directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
-    )
+    cache.host.l3 = FileL3Store(directory, secret, fingerprint, cache.host.page_bytes, l3_owner_of(cache.resolver))
     cache.tree.set_spill(cache.host.spill)
     return cache, allocator, kv
 
@@ -252,9 +249,7 @@ def test_tenant_l3_quota_is_enforced_reported_and_flushed(tmp_path: Path) -> Non
     }
     cache = TenantRadixCache(_params(base), resolver, policies)
     cache.host = HostCache(cache, 64)
-    cache.host.l3 = FileL3Store(
-        tmp_path, secret, FINGERPRINT, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
-    )
+    cache.host.l3 = FileL3Store(tmp_path, secret, FINGERPRINT, cache.host.page_bytes, l3_owner_of(resolver))
     cache.tree.set_spill(cache.host.spill)
     for owner, settings in policies.items():
         cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
@@ -313,3 +308,25 @@ def test_report_exports_tier_residency_per_tenant(tmp_path: Path, monkeypatch: p
     assert calls[("l3_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
     assert calls[("host_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
     assert ("tier_quota_tokens", (("tenant", "open"), ("tier", "l3"))) in calls
+
+
+def test_shared_prefix_returns_from_files_after_a_restart(tmp_path: Path) -> None:
+    from sglang_iso.integration.host_cache import SHARED_L3_OWNER
+    from sglang_iso.integration.shared_prefixes import SCOPE
+
+    head = TOKENS[:8]
+    cache, allocator, kv = with_l3(4, tmp_path)
+    cache.tree.declare_shared("sys", head, frozenset({"open"}), scope=SCOPE)  # open mode: every namespace reads
+    original = k_values(kv, store(cache, allocator, kv, TOKENS, "tenant-a"))
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    assert cache.host.l3 is not None
+    assert cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"] == 2  # its own owner, no tenant's
+    cache.flush_owner("open")  # a tenant flush leaves the operator's prefix alone
+    assert cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"] == 2
+
+    again, _, kv2 = with_l3(4, tmp_path)  # restart: empty device and host
+    again.tree.declare_shared("sys", head, frozenset({"open"}), scope=SCOPE)
+    hit = cached(again, [*head, 7, 7, 7, 7], "tenant-b")  # another reader: the prefix, from the files
+    assert hit.device_prefix_len == len(head)
+    assert k_values(kv2, again.path_device_indices(hit.last_device_node)) == original[: len(head)]
+    assert again.check_integrity()

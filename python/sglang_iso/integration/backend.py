@@ -120,7 +120,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     import math
     import os
 
-    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
+    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens, l3_owner_of
     from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
     from sglang_iso.integration.scrub import kv_buffers
     from sglang_iso.server.hicache_args import L3_DIR_ENV, L3_MAX_BYTES_ENV
@@ -162,7 +162,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
             secret,
             fingerprint,
             cache.host.page_bytes,
-            lambda ns: resolver.tenant_of(ns) or "open",
+            l3_owner_of(resolver),
             max_bytes=max_bytes,
         )
     except OSError as exc:

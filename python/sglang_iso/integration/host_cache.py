@@ -31,25 +31,47 @@ every page evicted from the device is also written to a page file (unless one
 exists) named by a secret-keyed MAC; a match continues host pages with file pages of the same
 namespace. Not covered (refused at start, see :func:`uncovered_hicache_features`):
 SGLang's own storage backends, host memory mode ``buffer_only``.
-Entries under operator-shared prefixes are not spilled (they are dropped, as
-without a host tier).
+
+Operator-shared prefixes spill too: the declared prefix under its own
+namespace ``shared:<name>`` (host index and L3 files of that namespace; no
+tenant's quota), a tenant's continuation under the tenant's namespace with the
+digest chain starting at the shared prefix's first token. Only a request the
+tree routes through the shared prefix (a reader in its scope) looks up
+``shared:<name>``; it gets the whole prefix back or nothing, then its own
+continuation pages.
 """
 
 from __future__ import annotations
 
 import logging
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sglang_iso.cache.host_tier import Digests, HostTier
+from sglang_iso.cache.results import SHARED_NAMESPACE_PREFIX
 from sglang_iso.integration.l3_store import FileL3Store, page_payload, payload_rows
 from sglang_iso.integration.scrub import kv_buffers
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_RATIO = 2.0
+
+SHARED_L3_OWNER = ":shared"
+"""L3 owner of declared shared prefixes: no tenant id starts with ``:``, so no tenant's flush or quota reaches them."""
+
+
+def l3_owner_of(resolver: Any) -> Callable[[str], str]:
+    """The owner (tenant or cache group id) of a namespace for L3 flushes and quotas."""
+
+    def owner(ns: str) -> str:
+        if ns.startswith(SHARED_NAMESPACE_PREFIX):
+            return SHARED_L3_OWNER
+        return resolver.tenant_of(ns) or "open"
+
+    return owner
 
 
 def uncovered_hicache_features(server_args: Any) -> list[str]:
@@ -128,44 +150,26 @@ class HostCache:
     def load_back(self, ns: str, tokens: Any, found: Any) -> int:
         """Bring pages continuing ``found`` (the device match in ``ns``) back from host and L3; returns tokens loaded.
 
+        A request that reads a declared shared prefix missing from the device first gets the prefix back (the
+        pages of ``shared:<name>``, all of them or none), then its own continuation pages of ``ns``.
         The caller re-matches afterwards. Fails soft: any shortfall (no device room, insert refused) is a miss.
         """
-        tree = self.cache.tree
-        start = found.prefix_len
         aligned = len(tokens) - len(tokens) % self.page_size
-        if start >= aligned or (self.l3 is None and not self.tier.holds(ns)):
-            return 0  # NOTE: the common cases (full device hit, nothing spilled) cost no hashing
-        if tree.shared_route(ns, tokens[:start]) is not None:
-            return 0
-        digests = self.tier.lazy_chain(ns, tokens)
-        n_host = len(self.tier.lookup(ns, tokens, start, digests))
-        stored = self._read_l3(ns, digests, start // self.page_size + n_host)
-        if not n_host and not stored:
-            return 0
-        pages = self.tier.take(ns, tokens, start, digests)
-        n = (len(pages) + len(stored)) * self.page_size
-        tree.inc_lock(found.last_node)  # NOTE: evicting for room must not take the prefix being extended
-        try:
-            slots = self._alloc_device(n)
-            if slots is None:
-                self.load_failures += 1
+        if found.prefix_len >= aligned:
+            return 0  # NOTE: the common case (full device hit) costs no hashing
+        if self.cache.tree.stats(ns).policy == "off":
+            return 0  # the tree would refuse the pages
+        loaded = 0
+        route = self.cache.tree.shared_route(ns, tokens) if found.prefix_len == 0 else None
+        if route is not None:
+            name, length = route
+            loaded = self._load_run(SHARED_NAMESPACE_PREFIX + name, ns, tokens[:length], found, shared=name)
+            if not loaded:
                 return 0
-            self._copy_in(slots, pages, stored)
-            values = [*found.indices, *slots.tolist()]
-            result = tree.insert(ns, list(tokens[: start + n]), values)
-            leftover = [*result.duplicate_indices, *values[max(result.stored_len, start) :]]
-            if leftover:
-                self.cache.token_to_kv_pool_allocator.free(torch.tensor(leftover, dtype=torch.int64))
-            loaded = max(result.stored_len - start, 0)
-            if loaded and self.cache.owners is not None:
-                self.cache.owners.mark_owned(slots.tolist()[:loaded], ns)
-            from_l3 = max(loaded - len(pages) * self.page_size, 0)
-            if from_l3:
-                self._bump(ns, "l3_loaded_tokens", from_l3)
-            return loaded
-        finally:
-            tree.dec_lock(found.last_node)
-            self.tier.release(pages)
+            found = self.cache.tree.match(ns, tokens)
+            if found.prefix_len >= aligned:
+                return loaded
+        return loaded + self._load_run(ns, ns, tokens, found)
 
     def flush(self, ns: str) -> int:
         """Drop ``ns``'s host pages (scrubbed) and make its L3 pages unreachable; returns host tokens dropped."""
@@ -241,6 +245,48 @@ class HostCache:
         }
 
     # ------------------------------------------------------------------------------------------ private
+
+    def _load_run(self, page_ns: str, ns: str, tokens: Any, found: Any, shared: str | None = None) -> int:
+        """Load ``page_ns``'s host and L3 pages continuing ``found`` and insert them for ``ns``; tokens loaded.
+
+        ``shared``: the pages are declared shared prefix ``shared`` (``tokens`` is exactly it): all or nothing.
+        """
+        tree = self.cache.tree
+        start = found.prefix_len
+        if self.l3 is None and not self.tier.holds(page_ns):
+            return 0  # NOTE: nothing spilled: no hashing
+        digests = self.tier.lazy_chain(page_ns, tokens)
+        n_host = len(self.tier.lookup(page_ns, tokens, start, digests))
+        stored = self._read_l3(page_ns, digests, start // self.page_size + n_host)
+        n = (n_host + len(stored)) * self.page_size
+        if not n or (shared is not None and start + n != len(tokens)):
+            return 0
+        pages = self.tier.take(page_ns, tokens, start, digests)
+        tree.inc_lock(found.last_node)  # NOTE: evicting for room must not take the prefix being extended
+        try:
+            slots = self._alloc_device(n)
+            if slots is None:
+                self.load_failures += 1
+                return 0
+            self._copy_in(slots, pages, stored)
+            values = [*found.indices, *slots.tolist()]
+            result = tree.insert(ns, list(tokens[: start + n]), values)
+            leftover = [*result.duplicate_indices, *values[max(result.stored_len, start) :]]
+            if leftover:
+                self.cache.token_to_kv_pool_allocator.free(torch.tensor(leftover, dtype=torch.int64))
+            loaded = max(result.stored_len - start, 0)
+            if loaded and self.cache.owners is not None:
+                if shared is not None:
+                    self.cache.owners.mark_shared(slots.tolist()[:loaded], shared)
+                else:
+                    self.cache.owners.mark_owned(slots.tolist()[:loaded], ns)
+            from_l3 = max(loaded - len(pages) * self.page_size, 0)
+            if from_l3:
+                self._bump(page_ns, "l3_loaded_tokens", from_l3)
+            return loaded
+        finally:
+            tree.dec_lock(found.last_node)
+            self.tier.release(pages)
 
     def _host_slots(self, pages: list[int]) -> torch.Tensor:
         base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size

@@ -190,3 +190,24 @@ def test_lazy_chain_matches_the_eager_one() -> None:
     assert [lazy[i] for i in range(3)] == t.chain(A, tokens, 6)
     with pytest.raises(IndexError):
         lazy[3]
+
+
+def test_shared_prefix_and_continuations_spill_under_their_own_namespaces(page_size: int) -> None:
+    pool, host = FakePool(), Host(page_size, 64)
+    tree = TenantRadixTree(page_size, pool.free)
+    tree.set_spill(host.spill)
+    tree.register_namespace(A, tenant_id="a", scope="s")
+    tree.register_namespace(B, tenant_id="b", scope="s")  # not a reader
+    head = seq(page_size, 8, 9)
+    tree.declare_shared("sys", head, frozenset({"a"}), scope="s")
+    full = head + seq(page_size, 1)
+    tree.insert(A, full, pool.alloc(len(full)))
+    assert tree.evict(len(full)) == len(full)  # the continuation goes first, then the shared node
+    tree.check_integrity()
+    host.tier.check_integrity()
+    # The shared prefix is kept as "shared:sys" (exactly its tokens), the continuation under A, chained from
+    # the shared prefix's first token; B's namespace holds nothing.
+    assert len(host.tier.lookup("shared:sys", head, 0)) == len(head) // page_size
+    assert len(host.tier.lookup(A, full, len(head))) == 1
+    assert host.tier.lookup(A, full, 0) == [] and not host.tier.holds(B)
+    assert host.tier.stats("shared:sys").resident_tokens == len(head)
