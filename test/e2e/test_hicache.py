@@ -5,8 +5,10 @@ tenant A's prompt is evicted to the host and the files by filler traffic; tenant
 B sends the same prompt (no reuse from device, host or files), then A sends it
 again (positive control: a hit loaded back from the host). Server 2, same
 secret and directory: a third tenant gets nothing, A hits from the files. Server 3, a new
-secret: A no longer hits the old files (control: A's fresh prompt hits).
-A tenant flush drops its host and file pages (files under the old epoch stay unreachable).
+secret, with NGRAM speculative decoding (Triton attention in its interpreter): A no longer hits the old
+files (control: A's fresh prompt hits), and the host tier still serves A only, while drafts are verified.
+A tenant flush drops its host and file pages (files under the old epoch stay unreachable); a tenant's host
+and L3 quotas prune only its own pages.
 Three server starts for the module.
 """
 
@@ -59,7 +61,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def start(workdir: Path) -> ServerProcess:
+def start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
     return start_iso_server(
         "--tenants-file",
         str(workdir / "t.toml"),
@@ -69,8 +71,9 @@ def start(workdir: Path) -> ServerProcess:
         "--hicache-storage-backend",
         "file",
         "--enable-metrics",
-        env={UPSTREAM_DIR_ENV: str(workdir / "l3")},
-    ).start()
+        *extra,
+        env={UPSTREAM_DIR_ENV: str(workdir / "l3"), **(env or {})},
+    ).start(timeout_s=400)
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +85,10 @@ def server(workdir: Path) -> Iterator[ServerProcess]:
         srv.stop()
 
 
-def gen(server: ServerProcess, tenant: str, text: str) -> dict:
+def gen(server: ServerProcess, tenant: str, text: str, new_tokens: int = 2) -> dict:
     status, out = server.post(
         "/generate",
-        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+        {"text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}},
         headers={"Authorization": f"Bearer {KEYS[tenant]}"},
         timeout_s=300,
     )
@@ -200,17 +203,41 @@ def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, 
         srv.stop()
 
 
-def test_new_secret_makes_old_files_unreachable(workdir: Path, server: ServerProcess) -> None:
+def test_new_secret_makes_old_files_unreachable_and_tiers_hold_with_ngram(workdir: Path, server: ServerProcess) -> None:
     assert SHARED, "needs the first test's target prompt"
     server.stop()
     write_tenants(workdir)  # rotate the namespace secret
     target = str(SHARED["target"])
-    srv = start(workdir)
+    # NOTE: NGRAM needs the Triton attention backend (the interpreter on CPU): the host tier's copies and the
+    # owner check then run beside draft verification.
+    srv = start(
+        workdir,
+        *("--attention-backend", "triton", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"),
+        env={"TRITON_INTERPRET": "1"},
+    )
     try:
         assert gen(srv, "acme", target)["cached_tokens"] == 0
         fresh = prompt(50)
         gen(srv, "acme", fresh)
         assert gen(srv, "acme", fresh)["cached_tokens"] > 0  # control: caching works on this server
         assert stats(srv)["acme"].get("l3_loaded_tokens", 0) == 0
+        # Push acme's fresh prompt out to the host (least recently used first: everything inserted so far).
+        inserted = int(stats(srv)["acme"]["inserted_tokens"])
+        for _ in range(16):
+            if int(stats(srv)["acme"]["evicted_tokens"]) >= inserted:
+                break
+            gen(srv, "acme", prompt(50))
+        assert int(stats(srv)["acme"]["evicted_tokens"]) >= inserted
+        assert gen(srv, "globex", fresh, new_tokens=8)["cached_tokens"] == 0  # B: nothing from A's host pages
+        loaded_before = int(stats(srv)["acme"]["host_loaded_tokens"])
+        again = gen(srv, "acme", fresh, new_tokens=8)  # positive control: back from the host, then speculated
+        assert again["cached_tokens"] > 0 and again["spec_verify_ct"] > 0, again
+        after = stats(srv)
+        assert after["acme"]["host_loaded_tokens"] > loaded_before, after
+        assert after.get("globex", {}).get("host_loaded_tokens", 0) == 0
+        status, info = srv.get_with("/get_server_info", {"Authorization": f"Bearer {KEYS['admin']}"})
+        assert status == 200
+        tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+        assert tree["host_violations"] == 0 and tree.get("owner_violations", 0) == 0, tree
     finally:
         srv.stop()
