@@ -77,6 +77,9 @@ def test_evicted_prefix_comes_back_in_own_namespace_only(page_size: int) -> None
     assert stats["host_loaded_tokens"] == 16
     assert cache.check_integrity()
     cache.host.tier.check_integrity()
+    status = cache.iso_status()  # the synchronous tier work is timed: one spill, two load-backs (B's and A's)
+    assert status["tier_spill_calls"] == 1 and status["tier_load_calls"] == 2, status
+    assert status["tier_spill_us"] > 0 and status["tier_load_us"] > 0 and status["tier_l3_write_us"] == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

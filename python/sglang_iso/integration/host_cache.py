@@ -44,6 +44,7 @@ continuation pages.
 from __future__ import annotations
 
 import logging
+import time
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +123,10 @@ class HostCache:
         self.l3: FileL3Store | None = None  # set by the factory with L3 storage on
         self.scrubbed_pages = 0
         self.load_failures = 0
+        self.timing = {"spill_us": 0, "spill_calls": 0, "l3_write_us": 0, "load_us": 0, "load_calls": 0}
+        """Time on the scheduler thread (microseconds, wall clock) in the synchronous tier work: spills (device
+        -> host copies, L3 writes included and also counted alone) and load-backs past the fast path (lookups,
+        L3 reads, host/L3 -> device copies), with their counts."""
         self._ns_counts: dict[str, dict[str, int]] = {}  # namespace -> L3 token counters
 
     @property
@@ -133,10 +138,20 @@ class HostCache:
 
     def spill(self, ns: str, path: array, slots: tuple[int, ...]) -> None:
         """Copy an evicted leaf (``slots`` = the last tokens of ``path``) to host pages of ``ns``."""
+        t0 = time.perf_counter()
+        try:
+            self._spill(ns, path, slots)
+        finally:
+            self.timing["spill_us"] += int((time.perf_counter() - t0) * 1e6)
+            self.timing["spill_calls"] += 1
+
+    def _spill(self, ns: str, path: array, slots: tuple[int, ...]) -> None:
         start = len(path) - len(slots)
         placed = self.tier.put(ns, path, start)
         if self.l3 is not None:
+            t0 = time.perf_counter()
             self._write_through(ns, path, slots)
+            self.timing["l3_write_us"] += int((time.perf_counter() - t0) * 1e6)
         if not placed:
             return
         dev = torch.tensor(
@@ -159,6 +174,14 @@ class HostCache:
             return 0  # NOTE: the common case (full device hit) costs no hashing
         if self.cache.tree.stats(ns).policy == "off":
             return 0  # the tree would refuse the pages
+        t0 = time.perf_counter()
+        try:
+            return self._load_back(ns, tokens, found, aligned)
+        finally:
+            self.timing["load_us"] += int((time.perf_counter() - t0) * 1e6)
+            self.timing["load_calls"] += 1
+
+    def _load_back(self, ns: str, tokens: Any, found: Any, aligned: int) -> int:
         loaded = 0
         route = self.cache.tree.shared_route(ns, tokens) if found.prefix_len == 0 else None
         if route is not None:
@@ -240,6 +263,7 @@ class HostCache:
             "host_scrubbed_pages": self.scrubbed_pages,
             "host_dropped_pages": self.tier.dropped_pages,
             "host_load_failures": self.load_failures,
+            **{f"tier_{name}": value for name, value in self.timing.items()},
             "host_violations": self.tier.violations,
             **({} if self.l3 is None else self.l3.status()),
         }
