@@ -96,9 +96,11 @@ def gen(server: ServerProcess, tenant: str, text: str, new_tokens: int = 2) -> d
     return out["meta_info"]
 
 
-def stats(server: ServerProcess) -> dict:
+def stats(server: ServerProcess, tenant_level: bool = False) -> dict:
     status, out = server.get_with("/iso/tenants", {"Authorization": f"Bearer {KEYS['admin']}"})
     assert status == 200, out
+    if tenant_level:
+        return out["tenants"]
     return {name: (info["ranks"][0] if info["ranks"] else {}) for name, info in out["tenants"].items()}
 
 
@@ -176,7 +178,9 @@ def test_tenant_tier_quotas_are_enforced_and_reported(server: ServerProcess) -> 
     assert 0 < row["host_resident_tokens"] <= SMALL_QUOTA, row
     assert (row["host_quota_tokens"], row["l3_quota_tokens"]) == (SMALL_QUOTA, SMALL_QUOTA), row
     acme = stats(server)["acme"]
-    assert acme["l3_pruned_tokens"] == 0 and acme["l3_quota_tokens"] is None, acme
+    assert acme.get("l3_pruned_tokens", 0) == 0 and acme.get("l3_quota_tokens") is None, acme
+    configured = stats(server, tenant_level=True)
+    assert configured["initech"]["l3_quota_tokens"] == SMALL_QUOTA and configured["acme"]["host_quota_tokens"] is None
     time.sleep(1.5)  # the scheduler exports its counters at most once a second
     gen(server, "initech", prompt(5))
     status, body = server.get_with("/metrics", {"Authorization": f"Bearer {KEYS['admin']}"})
