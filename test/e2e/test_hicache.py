@@ -8,7 +8,8 @@ secret and directory: a third tenant gets nothing, A hits from the files. Server
 secret, with NGRAM speculative decoding (Triton attention in its interpreter): A no longer hits the old
 files (control: A's fresh prompt hits), and the host tier still serves A only, while drafts are verified.
 A tenant flush drops its host and file pages (files under the old epoch stay unreachable); a tenant's host
-and L3 quotas prune only its own pages.
+and L3 quotas prune only its own pages. A declared shared prefix evicted to the host comes back for another of
+its readers, never for a tenant that may not read it.
 Three server starts for the module.
 """
 
@@ -22,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from sglang_iso.models import tiny_model_path
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
 from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
+from ..security.leak_fuzzer import SHARED_TEXT, shared_prefix_ids
 from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +49,7 @@ def write_tenants(d: Path) -> Path:
     for name in ("acme", "globex", "initech"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
     lines += [f"host_quota_tokens = {SMALL_QUOTA}", f"l3_quota_tokens = {SMALL_QUOTA}"]  # initech only
+    lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', 'tenants = ["acme", "initech"]']
     (d / "t.toml").write_text("\n".join(lines) + "\n")
     return d / "t.toml"
 
@@ -94,6 +98,23 @@ def gen(server: ServerProcess, tenant: str, text: str, new_tokens: int = 2) -> d
     )
     assert status == 200, (status, out)
     return out["meta_info"]
+
+
+def gen_ids(server: ServerProcess, tenant: str, ids: list[int]) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}},
+        headers={"Authorization": f"Bearer {KEYS[tenant]}"},
+        timeout_s=300,
+    )
+    assert status == 200, (status, out)
+    return out["meta_info"]
+
+
+def tree_status(server: ServerProcess) -> dict:
+    status, info = server.get_with("/get_server_info", {"Authorization": f"Bearer {KEYS['admin']}"})
+    assert status == 200, info
+    return info["internal_states"][0]["sglang_iso"]["tree_cache"]
 
 
 def stats(server: ServerProcess, tenant_level: bool = False) -> dict:
@@ -188,6 +209,29 @@ def test_tenant_tier_quotas_are_enforced_and_reported(server: ServerProcess) -> 
     assert 'sglang_iso:l3_resident_tokens{tenant="initech"}' in body
     assert 'sglang_iso:tier_quota_tokens{tenant="initech",tier="l3"} 96.0' in body
     assert 'sglang_iso:l3_pruned_tokens_total{tenant="initech"}' in body
+
+
+def test_shared_prefix_returns_from_the_host_for_its_readers_only(server: ServerProcess) -> None:
+    shared = shared_prefix_ids(tiny_model_path())  # the declared prefix, as the server tokenizes it
+
+    def own(seed: int) -> list[int]:
+        return [300 + (seed * 7919 + i * 104729) % 1500 for i in range(24)]
+
+    gen_ids(server, "acme", shared + own(1))  # fills the shared prefix, then acme's continuation
+    # acme's own traffic pushes both out: the continuation under acme, the prefix under its own namespace.
+    for _ in range(16):
+        if tree_status(server)["host_shared_resident_tokens"] >= len(shared):
+            break
+        gen(server, "acme", prompt(50))
+    before = tree_status(server)
+    assert before["host_shared_resident_tokens"] >= len(shared), before
+    assert gen_ids(server, "globex", shared + own(2))["cached_tokens"] == 0  # not a reader: nothing
+    assert tree_status(server)["host_shared_loaded_tokens"] == before["host_shared_loaded_tokens"]
+    hit = gen_ids(server, "initech", shared + own(3))  # another reader: the prefix comes back from the host
+    assert hit["cached_tokens"] >= len(shared), hit
+    after = tree_status(server)
+    assert after["host_shared_loaded_tokens"] >= before["host_shared_loaded_tokens"] + len(shared), after
+    assert after["host_violations"] == 0 and after["owner_violations"] == 0, after
 
 
 def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:

@@ -190,6 +190,7 @@ def test_shared_prefix_comes_back_for_its_readers_only(page_size: int) -> None:
     original = k_values(kv, store(cache, allocator, kv, full, acme))
     assert cache.evict(EvictParams(num_tokens=len(full))).num_tokens_evicted == len(full)
     assert cache.host.tier.stats("shared:sys").resident_tokens == len(head)
+    assert cache.iso_status()["host_shared_resident_tokens"] == len(head)
 
     assert cached(cache, full, globex).device_prefix_len == 0  # not a reader: neither the prefix nor acme's tail
     assert cache.resolver.rejected_tags == 0  # (the miss above is the tree's, not a refused tag's)
@@ -204,4 +205,5 @@ def test_shared_prefix_comes_back_for_its_readers_only(page_size: int) -> None:
     assert other.device_prefix_len == len(head)
     assert k_values(kv, cache.path_device_indices(other.last_device_node)) == original[: len(head)]
     assert cache.host.tier.stats("shared:sys").resident_tokens == 0  # taken back to the device
+    assert cache.iso_status()["host_shared_loaded_tokens"] == 2 * len(head)  # for acme, then for initech
     assert cache.check_integrity()

@@ -265,6 +265,10 @@ class HostTier:
         row = self._stats.get(ns, [0, 0, 0])
         return HostStats(row[0], row[1], row[2])
 
+    def namespaces(self) -> list[str]:
+        """Every namespace that has held a host page (in first-seen order)."""
+        return list(self._stats)
+
     def used_pages(self) -> int:
         return self.capacity_pages - len(self._free)
 

@@ -264,6 +264,7 @@ class HostCache:
             "host_dropped_pages": self.tier.dropped_pages,
             "host_load_failures": self.load_failures,
             **{f"tier_{name}": value for name, value in self.timing.items()},
+            **self._shared_totals(),
             "host_violations": self.tier.violations,
             **({} if self.l3 is None else self.l3.status()),
         }
@@ -311,6 +312,14 @@ class HostCache:
         finally:
             tree.dec_lock(found.last_node)
             self.tier.release(pages)
+
+    def _shared_totals(self) -> dict[str, int]:
+        """Host residency and loads of the declared shared prefixes (no tenant's row counts them)."""
+        rows = [self.tier.stats(ns) for ns in self.tier.namespaces() if ns.startswith(SHARED_NAMESPACE_PREFIX)]
+        return {
+            "host_shared_resident_tokens": sum(r.resident_tokens for r in rows),
+            "host_shared_loaded_tokens": sum(r.loaded_tokens for r in rows),
+        }
 
     def _host_slots(self, pages: list[int]) -> torch.Tensor:
         base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size
