@@ -249,8 +249,8 @@ class FileL3Store:
         found: list[tuple[int, str, str, str]] = []
         for path in self.directory.glob("*.kv"):
             try:
-                size = path.stat().st_size
-                mtime = path.stat().st_mtime_ns
+                st = path.stat()
+                size, mtime = st.st_size, st.st_mtime_ns
                 with open(path, "rb") as f:
                     head = f.read(HEADER_BYTES)
             except OSError:
