@@ -28,7 +28,6 @@ from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
 from sglang_iso.server.process import ServerProcess
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 
-from ..security.leak_fuzzer import SHARED_TEXT, shared_prefix_ids
 from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
@@ -36,6 +35,15 @@ pytestmark = pytest.mark.e2e
 KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
 DEVICE_TOKENS = "2048"
 SMALL_QUOTA = 96  # initech's host and L3 caps (tokens)
+SHARED_TEXT = " ".join(f"Clause {i}: answer in full sentences and cite the manual." for i in range(6))
+
+
+def shared_prefix_ids() -> list[int]:
+    """The declared prefix as the server declares it: plain encoding, last token dropped (page size 1)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_path() / "tokenizer.json"))
+    return tokenizer.encode(SHARED_TEXT, add_special_tokens=False).ids[:-1]
 
 
 def prompt(words: int) -> str:
@@ -212,7 +220,7 @@ def test_tenant_tier_quotas_are_enforced_and_reported(server: ServerProcess) -> 
 
 
 def test_shared_prefix_returns_from_the_host_for_its_readers_only(server: ServerProcess) -> None:
-    shared = shared_prefix_ids(tiny_model_path())  # the declared prefix, as the server tokenizes it
+    shared = shared_prefix_ids()
 
     def own(seed: int) -> list[int]:
         return [300 + (seed * 7919 + i * 104729) % 1500 for i in range(24)]
