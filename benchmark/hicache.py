@@ -13,7 +13,9 @@ each (together larger than the device pool), sent ``--rounds`` times in a seeded
 with one new token (the request latency is the time to first token). Round 1 is cold and not counted.
 
 Prints the hit rate (cached / prompt tokens) and mean TTFT per server and their ratios; target: sglang-iso's
-hit rate >= 0.95x upstream's. Writes ``benchmark/hicache.json``.
+hit rate >= 0.95x upstream's. Also prints what sglang-iso's synchronous tier work cost on the scheduler thread
+over the whole run (spills: device -> host copies and L3 writes; load-backs: lookups and host -> device copies),
+as time per call and as a share of its summed request latency. Writes ``benchmark/hicache.json``.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    key = new_api_key()
+    key, admin = new_api_key(), new_api_key()
     work = Path(tempfile.mkdtemp(prefix="hicache-bench-"))
     (work / "secret.key").write_bytes(secrets.token_bytes(32))
     (work / "tenants.toml").write_text(
-        f'namespace_secret_file = "secret.key"\n[[tenants]]\nid = "solo"\nkey_sha256 = ["{key_sha256(key)}"]\n'
+        f'namespace_secret_file = "secret.key"\nadmin_key_sha256 = ["{key_sha256(admin)}"]\n'
+        f'[[tenants]]\nid = "solo"\nkey_sha256 = ["{key_sha256(key)}"]\n'
     )
     common = (
         "--max-total-tokens",
@@ -82,6 +85,8 @@ def main() -> None:
                 rows.append((rnd, *send(srv, headers[name], prompts[idx])))
                 progress.step(note=name)
             results[name] = summarize(rows)
+            if name == "sglang-iso":
+                results[name]["tier_timing"] = tier_timing(srv, admin, sum(r[3] for r in rows))
         progress.finish()
     finally:
         for srv in servers.values():
@@ -107,6 +112,17 @@ def send(srv: ServerProcess, headers: dict[str, str], text: str) -> tuple[int, i
     return int(meta["prompt_tokens"]), int(meta.get("cached_tokens", 0)), elapsed
 
 
+def tier_timing(srv: ServerProcess, admin: str, request_s: float) -> dict[str, Any]:
+    """The host tier's time counters (all rounds) from ``/get_server_info``, with ``request_s`` (summed latency)."""
+    status, info = srv.get_with("/get_server_info", {"Authorization": f"Bearer {admin}"})
+    if status != 200:
+        raise RuntimeError(f"/get_server_info: HTTP {status}: {info}")
+    tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+    out: dict[str, Any] = {k.removeprefix("tier_"): tree[k] for k in tree if k.startswith("tier_")}
+    out["request_s"] = request_s
+    return out
+
+
 def summarize(rows: list[tuple[int, int, int, float]]) -> dict[str, Any]:
     warm = [r for r in rows if r[0] > 0]
     prompt_tokens = sum(r[1] for r in warm)
@@ -130,6 +146,18 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None
     hit_ratio = iso["hit_rate"] / up["hit_rate"] if up["hit_rate"] else float("nan")
     ttft_ratio = iso["ttft_mean_ms"] / up["ttft_mean_ms"] if up["ttft_mean_ms"] else float("nan")
     print(f"ratio sglang-iso / upstream: hit rate {hit_ratio:.3f} (target >= 0.95), TTFT {ttft_ratio:.3f}")
+    t = iso.get("tier_timing")
+    if t:
+        work_ms = (t["spill_us"] + t["load_us"]) / 1000
+        print(
+            "sglang-iso synchronous tier work on the scheduler thread (all rounds): "
+            f"spill {t['spill_us'] / 1000:.1f} ms over {t['spill_calls']} evicted leaves "
+            f"({t['spill_us'] / max(t['spill_calls'], 1) / 1000:.2f} ms each; "
+            f"L3 writes {t['l3_write_us'] / 1000:.1f} ms), "
+            f"load-back {t['load_us'] / 1000:.1f} ms over {t['load_calls']} lookups "
+            f"({t['load_us'] / max(t['load_calls'], 1) / 1000:.2f} ms each); "
+            f"{work_ms:.1f} ms = {100 * work_ms / (1000 * t['request_s']):.1f}% of its summed request latency"
+        )
     out = {"args": vars(args), "results": results, "hit_rate_ratio": hit_ratio, "ttft_ratio": ttft_ratio}
     (HERE / "hicache.json").write_text(json.dumps(out, indent=2) + "\n")
 

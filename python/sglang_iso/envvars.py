@@ -56,6 +56,9 @@ AUDIT_LOG = EnvVar("SGLANG_ISO_AUDIT_LOG", "JSON-lines audit log path (--iso-aud
 L3_DIR = EnvVar(
     "SGLANG_ISO_L3_DIR", "directory of the per-namespace L3 file store (from the HiCache flags)", None, "launcher"
 )
+L3_MAX_BYTES = EnvVar(
+    "SGLANG_ISO_L3_MAX_BYTES", "overall cap of the L3 file store in bytes (from --iso-l3-max-gb)", None, "launcher"
+)
 NGRAM_CORPUS = EnvVar(
     "SGLANG_ISO_NGRAM_CORPUS", "NGRAM draft corpus: 'namespace' (one per namespace) or 'shared'", "namespace",
     "operator",

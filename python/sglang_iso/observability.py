@@ -58,6 +58,21 @@ def metrics() -> dict[str, Any] | None:
             ["tenant"],
             multiprocess_mode="livesum",
         ),
+        "l3_resident_tokens": Gauge(
+            "sglang_iso:l3_resident_tokens",
+            "Tokens per tenant in L3 storage (files this rank indexed)",
+            ["tenant"],
+            multiprocess_mode="livesum",
+        ),
+        "tier_quota_tokens": Gauge(
+            "sglang_iso:tier_quota_tokens",
+            "Host (L2) and L3 token quota per tenant (0: no per-tenant cap)",
+            ["tenant", "tier"],
+            multiprocess_mode="livemax",
+        ),
+        "l3_pruned_tokens": Counter(
+            "sglang_iso:l3_pruned_tokens", "Tokens deleted from L3 for a quota or the overall cap", ["tenant"]
+        ),
         "tier_loaded_tokens": Counter(
             "sglang_iso:tier_loaded_tokens", "Tokens loaded back to the device per tenant", ["tenant", "tier"]
         ),

@@ -5,8 +5,11 @@ tenant A's prompt is evicted to the host and the files by filler traffic; tenant
 B sends the same prompt (no reuse from device, host or files), then A sends it
 again (positive control: a hit loaded back from the host). Server 2, same
 secret and directory: a third tenant gets nothing, A hits from the files. Server 3, a new
-secret: A no longer hits the old files (control: A's fresh prompt hits).
-A tenant flush drops its host and file pages (files under the old epoch stay unreachable).
+secret, with NGRAM speculative decoding (Triton attention in its interpreter): A no longer hits the old
+files (control: A's fresh prompt hits), and the host tier still serves A only, while drafts are verified.
+A tenant flush drops its host and file pages (files under the old epoch stay unreachable); a tenant's host
+and L3 quotas prune only its own pages. A declared shared prefix evicted to the host comes back for another of
+its readers, never for a tenant that may not read it.
 Three server starts for the module.
 """
 
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_iso.models import tiny_model_path
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 from sglang_iso_testing.process import ServerProcess
@@ -30,6 +34,16 @@ pytestmark = pytest.mark.e2e
 
 KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
 DEVICE_TOKENS = "2048"
+SMALL_QUOTA = 96  # initech's host and L3 caps (tokens)
+SHARED_TEXT = " ".join(f"Clause {i}: answer in full sentences and cite the manual." for i in range(6))
+
+
+def shared_prefix_ids() -> list[int]:
+    """The declared prefix as the server declares it: plain encoding, last token dropped (page size 1)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_path() / "tokenizer.json"))
+    return tokenizer.encode(SHARED_TEXT, add_special_tokens=False).ids[:-1]
 
 
 def prompt(words: int) -> str:
@@ -42,6 +56,8 @@ def write_tenants(d: Path) -> Path:
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
     for name in ("acme", "globex", "initech"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
+    lines += [f"host_quota_tokens = {SMALL_QUOTA}", f"l3_quota_tokens = {SMALL_QUOTA}"]  # initech only
+    lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', 'tenants = ["acme", "initech"]']
     (d / "t.toml").write_text("\n".join(lines) + "\n")
     return d / "t.toml"
 
@@ -57,7 +73,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def start(workdir: Path) -> ServerProcess:
+def start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
     return start_iso_server(
         "--tenants-file",
         str(workdir / "t.toml"),
@@ -67,8 +83,9 @@ def start(workdir: Path) -> ServerProcess:
         "--hicache-storage-backend",
         "file",
         "--enable-metrics",
-        env={UPSTREAM_DIR_ENV: str(workdir / "l3")},
-    ).start()
+        *extra,
+        env={UPSTREAM_DIR_ENV: str(workdir / "l3"), **(env or {})},
+    ).start(timeout_s=400)
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +97,10 @@ def server(workdir: Path) -> Iterator[ServerProcess]:
         srv.stop()
 
 
-def gen(server: ServerProcess, tenant: str, text: str) -> dict:
+def gen(server: ServerProcess, tenant: str, text: str, new_tokens: int = 2) -> dict:
     status, out = server.post(
         "/generate",
-        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+        {"text": text, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}},
         headers={"Authorization": f"Bearer {KEYS[tenant]}"},
         timeout_s=300,
     )
@@ -91,9 +108,28 @@ def gen(server: ServerProcess, tenant: str, text: str) -> dict:
     return out["meta_info"]
 
 
-def stats(server: ServerProcess) -> dict:
+def gen_ids(server: ServerProcess, tenant: str, ids: list[int]) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}},
+        headers={"Authorization": f"Bearer {KEYS[tenant]}"},
+        timeout_s=300,
+    )
+    assert status == 200, (status, out)
+    return out["meta_info"]
+
+
+def tree_status(server: ServerProcess) -> dict:
+    status, info = server.get_with("/get_server_info", {"Authorization": f"Bearer {KEYS['admin']}"})
+    assert status == 200, info
+    return info["internal_states"][0]["sglang_iso"]["tree_cache"]
+
+
+def stats(server: ServerProcess, tenant_level: bool = False) -> dict:
     status, out = server.get_with("/iso/tenants", {"Authorization": f"Bearer {KEYS['admin']}"})
     assert status == 200, out
+    if tenant_level:
+        return out["tenants"]
     return {name: (info["ranks"][0] if info["ranks"] else {}) for name, info in out["tenants"].items()}
 
 
@@ -160,6 +196,52 @@ def test_tenant_flush_drops_host_and_file_pages(server: ServerProcess) -> None:
         gen(server, "acme", prompt(50))
 
 
+def test_tenant_tier_quotas_are_enforced_and_reported(server: ServerProcess) -> None:
+    # initech alone pushes its own prompts out of the device: host and L3 keep at most its quota, the rest of
+    # its oldest pages are pruned; acme's files (read back after the restart below) are untouched.
+    mine = [prompt(50) for _ in range(16)]
+    for text in mine:
+        gen(server, "initech", text)
+    row = wait_for(server, lambda s: s["initech"].get("l3_pruned_tokens", 0) > 0)["initech"]
+    assert row["l3_pruned_tokens"] > 0 and 0 < row["l3_resident_tokens"] <= SMALL_QUOTA, row
+    assert 0 < row["host_resident_tokens"] <= SMALL_QUOTA, row
+    assert (row["host_quota_tokens"], row["l3_quota_tokens"]) == (SMALL_QUOTA, SMALL_QUOTA), row
+    acme = stats(server)["acme"]
+    assert acme.get("l3_pruned_tokens", 0) == 0 and acme.get("l3_quota_tokens") is None, acme
+    configured = stats(server, tenant_level=True)
+    assert configured["initech"]["l3_quota_tokens"] == SMALL_QUOTA and configured["acme"]["host_quota_tokens"] is None
+    time.sleep(1.5)  # the scheduler exports its counters at most once a second
+    gen(server, "initech", prompt(5))
+    status, body = server.get_with("/metrics", {"Authorization": f"Bearer {KEYS['admin']}"})
+    assert status == 200
+    assert 'sglang_iso:l3_resident_tokens{tenant="initech"}' in body
+    assert 'sglang_iso:tier_quota_tokens{tenant="initech",tier="l3"} 96.0' in body
+    assert 'sglang_iso:l3_pruned_tokens_total{tenant="initech"}' in body
+
+
+def test_shared_prefix_returns_from_the_host_for_its_readers_only(server: ServerProcess) -> None:
+    shared = shared_prefix_ids()
+
+    def own(seed: int) -> list[int]:
+        return [300 + (seed * 7919 + i * 104729) % 1500 for i in range(24)]
+
+    gen_ids(server, "acme", shared + own(1))  # fills the shared prefix, then acme's continuation
+    # acme's own traffic pushes both out: the continuation under acme, the prefix under its own namespace.
+    for _ in range(16):
+        if tree_status(server)["host_shared_resident_tokens"] >= len(shared):
+            break
+        gen(server, "acme", prompt(50))
+    before = tree_status(server)
+    assert before["host_shared_resident_tokens"] >= len(shared), before
+    assert gen_ids(server, "globex", shared + own(2))["cached_tokens"] == 0  # not a reader: nothing
+    assert tree_status(server)["host_shared_loaded_tokens"] == before["host_shared_loaded_tokens"]
+    hit = gen_ids(server, "initech", shared + own(3))  # another reader: the prefix comes back from the host
+    assert hit["cached_tokens"] >= len(shared), hit
+    after = tree_status(server)
+    assert after["host_shared_loaded_tokens"] >= before["host_shared_loaded_tokens"] + len(shared), after
+    assert after["host_violations"] == 0 and after["owner_violations"] == 0, after
+
+
 def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:
     assert SHARED, "needs the first test's target prompt"
     server.stop()  # server 1 is done; its pages are in the files
@@ -177,17 +259,41 @@ def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, 
         srv.stop()
 
 
-def test_new_secret_makes_old_files_unreachable(workdir: Path, server: ServerProcess) -> None:
+def test_new_secret_makes_old_files_unreachable_and_tiers_hold_with_ngram(workdir: Path, server: ServerProcess) -> None:
     assert SHARED, "needs the first test's target prompt"
     server.stop()
     write_tenants(workdir)  # rotate the namespace secret
     target = str(SHARED["target"])
-    srv = start(workdir)
+    # NOTE: NGRAM needs the Triton attention backend (the interpreter on CPU): the host tier's copies and the
+    # owner check then run beside draft verification.
+    srv = start(
+        workdir,
+        *("--attention-backend", "triton", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"),
+        env={"TRITON_INTERPRET": "1"},
+    )
     try:
         assert gen(srv, "acme", target)["cached_tokens"] == 0
         fresh = prompt(50)
         gen(srv, "acme", fresh)
         assert gen(srv, "acme", fresh)["cached_tokens"] > 0  # control: caching works on this server
         assert stats(srv)["acme"].get("l3_loaded_tokens", 0) == 0
+        # Push acme's fresh prompt out to the host (least recently used first: everything inserted so far).
+        inserted = int(stats(srv)["acme"]["inserted_tokens"])
+        for _ in range(16):
+            if int(stats(srv)["acme"]["evicted_tokens"]) >= inserted:
+                break
+            gen(srv, "acme", prompt(50))
+        assert int(stats(srv)["acme"]["evicted_tokens"]) >= inserted
+        assert gen(srv, "globex", fresh, new_tokens=8)["cached_tokens"] == 0  # B: nothing from A's host pages
+        loaded_before = int(stats(srv)["acme"]["host_loaded_tokens"])
+        again = gen(srv, "acme", fresh, new_tokens=8)  # positive control: back from the host, then speculated
+        assert again["cached_tokens"] > 0 and again["spec_verify_ct"] > 0, again
+        after = stats(srv)
+        assert after["acme"]["host_loaded_tokens"] > loaded_before, after
+        assert after.get("globex", {}).get("host_loaded_tokens", 0) == 0
+        status, info = srv.get_with("/get_server_info", {"Authorization": f"Bearer {KEYS['admin']}"})
+        assert status == 200
+        tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+        assert tree["host_violations"] == 0 and tree.get("owner_violations", 0) == 0, tree
     finally:
         srv.stop()

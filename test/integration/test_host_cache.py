@@ -77,6 +77,9 @@ def test_evicted_prefix_comes_back_in_own_namespace_only(page_size: int) -> None
     assert stats["host_loaded_tokens"] == 16
     assert cache.check_integrity()
     cache.host.tier.check_integrity()
+    status = cache.iso_status()  # the synchronous tier work is timed: one spill, two load-backs (B's and A's)
+    assert status["tier_spill_calls"] == 1 and status["tier_load_calls"] == 2, status
+    assert status["tier_spill_us"] > 0 and status["tier_load_us"] > 0 and status["tier_l3_write_us"] == 0
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -142,7 +145,7 @@ def test_tenant_quota_caps_its_host_residency_too() -> None:
     capped = TenantRadixCache(
         _params(cache),
         NamespaceResolver(secret),
-        {"acme": TenantPolicy(quota_tokens=8, policy="private")},
+        {"acme": TenantPolicy(quota_tokens=8, policy="private", host_quota_tokens=8)},
     )
     capped.host = HostCache(capped, 64)
     capped.tree.set_spill(capped.host.spill)
@@ -167,3 +170,40 @@ def _params(cache):  # type: ignore[no-untyped-def]
         token_to_kv_pool_allocator=cache.token_to_kv_pool_allocator,
         page_size=cache.page_size,
     )
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_shared_prefix_comes_back_for_its_readers_only(page_size: int) -> None:
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.shared_prefixes import SCOPE
+    from sglang_iso.integration.tenant_cache import TenantRadixCache
+
+    base, allocator, kv = make(page_size)
+    secret = b"k" * 32
+    cache = TenantRadixCache(_params(base), NamespaceResolver(secret))
+    cache.host = HostCache(cache, 64)
+    cache.tree.set_spill(cache.host.spill)
+    head = list(range(300, 308))
+    cache.tree.declare_shared("sys", head, frozenset({"acme", "initech"}), scope=SCOPE)
+    acme, initech, globex = (make_tag(secret, t, c * 64) for t, c in (("acme", "a"), ("initech", "b"), ("globex", "c")))
+    full = head + list(range(400, 408))
+    original = k_values(kv, store(cache, allocator, kv, full, acme))
+    assert cache.evict(EvictParams(num_tokens=len(full))).num_tokens_evicted == len(full)
+    assert cache.host.tier.stats("shared:sys").resident_tokens == len(head)
+    assert cache.iso_status()["host_shared_resident_tokens"] == len(head)
+
+    assert cached(cache, full, globex).device_prefix_len == 0  # not a reader: neither the prefix nor acme's tail
+    assert cache.resolver.rejected_tags == 0  # (the miss above is the tree's, not a refused tag's)
+    hit = cached(cache, full, acme)  # positive control: the prefix, then acme's own continuation
+    assert hit.device_prefix_len == len(full)
+    assert k_values(kv, cache.path_device_indices(hit.last_device_node)) == original
+    cache.host.tier.check_integrity()
+    assert cache.check_integrity()
+
+    cache.evict(EvictParams(num_tokens=len(full)))
+    other = cached(cache, head + list(range(500, 508)), initech)  # another reader: the prefix only
+    assert other.device_prefix_len == len(head)
+    assert k_values(kv, cache.path_device_indices(other.last_device_node)) == original[: len(head)]
+    assert cache.host.tier.stats("shared:sys").resident_tokens == 0  # taken back to the device
+    assert cache.iso_status()["host_shared_loaded_tokens"] == 2 * len(head)  # for acme, then for initech
+    assert cache.check_integrity()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-from sglang_iso.integration.host_cache import HostCache
+from sglang_iso.integration.host_cache import HostCache, l3_owner_of
 from sglang_iso.integration.l3_store import FileL3Store
 from test.integration.test_host_cache import cached, k_values, store
 from test.integration.test_scrub import make
@@ -27,7 +27,7 @@ TOKENS = list(range(500, 516))
 def with_l3(page_size: int, directory: Path, *, secret: bytes = SECRET, fingerprint: bytes = FINGERPRINT) -> tuple:
     cache, allocator, kv = make(page_size)
     cache.host = HostCache(cache, 8 * page_size)
-    cache.host.l3 = FileL3Store(directory, secret, fingerprint, cache.host.page_bytes)
+    cache.host.l3 = FileL3Store(directory, secret, fingerprint, cache.host.page_bytes, l3_owner_of(cache.resolver))
     cache.tree.set_spill(cache.host.spill)
     return cache, allocator, kv
 
@@ -168,3 +168,165 @@ def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypat
     ok, _, _ = make(4)
     _attach_host_tier(ok, ctx, SECRET)  # type: ignore[arg-type]
     assert ok.host.l3 is not None and (tmp_path / "l3").is_dir()
+
+
+def _owner(ns: str) -> str:
+    return ns.split(":")[1]
+
+
+def test_owner_over_its_l3_quota_loses_its_own_oldest_files_only(tmp_path: Path) -> None:
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert st.write("t:globex:1", b"g", b"gggg")  # globex's file is the oldest of all
+    assert st.set_quota("acme", 2) == 0
+    for digest in (b"d1", b"d2", b"d3"):
+        assert st.write("t:acme:1", digest, b"kvkv")
+    assert st.read("t:acme:1", b"d1") is None  # acme's oldest went
+    assert st.read("t:acme:1", b"d2") == b"kvkv" and st.read("t:acme:1", b"d3") == b"kvkv"
+    assert st.read("t:globex:1", b"g") == b"gggg"  # never another tenant's
+    assert st.owner_stats("acme") == {"l3_resident_pages": 2, "l3_pruned_pages": 1}
+    assert len(list(tmp_path.glob("*.kv"))) == 3
+    st.set_quota("acme", 1)  # lowering the quota deletes at once
+    assert st.owner_stats("acme")["l3_resident_pages"] == 1 and len(list(tmp_path.glob("*.kv"))) == 2
+    st.set_quota("globex", 0)
+    assert not st.write("t:globex:1", b"g2", b"gggg")  # quota 0: nothing stored, not an error
+    st.index.check_integrity()
+
+
+def test_overall_cap_deletes_the_least_recently_used_files_across_restarts(tmp_path: Path) -> None:
+    probe = FileL3Store(tmp_path / "probe", SECRET, FINGERPRINT, 4)
+    cap = 3 * probe.file_bytes
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=cap)
+    for digest in (b"d1", b"d2", b"d3"):
+        assert st.write("t:acme:1", digest, b"kvkv")
+    assert st.read("t:acme:1", b"d1") == b"kvkv"  # d1 is now the most recent
+    assert st.write("t:globex:1", b"g", b"gggg")  # full: the least recently used file of anyone (d2) goes
+    assert st.read("t:acme:1", b"d2") is None and st.read("t:acme:1", b"d1") == b"kvkv"
+    assert st.status()["l3_pruned_pages"] == 1 and st.status()["l3_resident_pages"] == 3
+    smaller = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=2 * probe.file_bytes)  # a restart
+    assert len(smaller.index) == 2 and len(list(tmp_path.glob("*.kv"))) == 2
+    with pytest.raises(ValueError, match="smaller than one page file"):
+        FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, max_bytes=10)
+
+
+def test_flush_deletes_the_flushed_files_and_a_restart_removes_stale_ones(tmp_path: Path) -> None:
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    for ns in ("t:acme:1", "t:acme:2", "t:globex:1"):
+        assert st.write(ns, b"d", b"kvkv")
+    assert st.flush("owner:acme") == 2  # both of acme's namespaces, deleted now
+    assert len(list(tmp_path.glob("*.kv"))) == 1 and st.read("t:globex:1", b"d") == b"kvkv"
+    # A file written by another process under the old epoch is unreachable and removed at the next start.
+    other = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert other.write("t:globex:1", b"x", b"xxxx")
+    other.flush("ns:t:globex:1")
+    st.write("t:globex:1", b"y", b"yyyy")  # st's view of the epochs is older: its name is stale too
+    restarted = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner)
+    assert restarted.stale_removed == 1 and len(restarted.index) == 0
+    assert list(tmp_path.glob("*.kv")) == []
+
+
+def test_files_of_another_secret_are_never_counted_or_deleted(tmp_path: Path) -> None:
+    old = FileL3Store(tmp_path, b"o" * 32, FINGERPRINT, 4, _owner)
+    assert old.write("t:acme:1", b"d", b"kvkv")
+    probe = FileL3Store(tmp_path / "probe", SECRET, FINGERPRINT, 4)
+    new = FileL3Store(tmp_path, SECRET, FINGERPRINT, 4, _owner, max_bytes=probe.file_bytes)
+    assert new.foreign_files == 1 and len(new.index) == 0
+    assert new.write("t:acme:1", b"e", b"kvkv") and new.write("t:acme:1", b"f", b"kvkv")
+    assert len(list(tmp_path.glob("*.kv"))) == 2  # the old secret's file stays (the operator removes it)
+    assert new.flush("*") == 1 and len(list(tmp_path.glob("*.kv"))) == 1
+
+
+def test_tenant_l3_quota_is_enforced_reported_and_flushed(tmp_path: Path) -> None:
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+    from test.integration.test_host_cache import _params
+
+    base, allocator, kv = make(4)
+    secret = b"k" * 32
+    resolver = NamespaceResolver(secret)
+    policies = {
+        "acme": TenantPolicy(None, "private", host_quota_tokens=4, l3_quota_tokens=8),
+        "globex": TenantPolicy(None, "private"),
+    }
+    cache = TenantRadixCache(_params(base), resolver, policies)
+    cache.host = HostCache(cache, 64)
+    cache.host.l3 = FileL3Store(tmp_path, secret, FINGERPRINT, cache.host.page_bytes, l3_owner_of(resolver))
+    cache.tree.set_spill(cache.host.spill)
+    for owner, settings in policies.items():
+        cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
+    acme, globex = make_tag(secret, "acme", "a" * 64), make_tag(secret, "globex", "b" * 64)
+    store(cache, allocator, kv, list(range(900, 908)), globex)
+    cache.evict(EvictParams(num_tokens=8))
+    for start in (100, 200):  # 16 of acme's tokens go to L3: its 8-token quota keeps the newest 8
+        store(cache, allocator, kv, list(range(start, start + 8)), acme)
+        cache.evict(EvictParams(num_tokens=8))
+    rows = cache.tenant_stats()
+    assert rows["acme"]["l3_resident_tokens"] == 8 and rows["acme"]["l3_pruned_tokens"] == 8, rows
+    assert rows["acme"]["l3_quota_tokens"] == 8 and rows["acme"]["host_quota_tokens"] == 4
+    assert rows["acme"]["host_resident_tokens"] == 4  # the host quota covers all of acme's namespaces
+    assert rows["globex"]["l3_resident_tokens"] == 8 and rows["globex"]["l3_pruned_tokens"] == 0
+    assert rows["globex"]["l3_quota_tokens"] is None
+    assert cached(cache, list(range(900, 908)), globex).device_prefix_len == 8  # control: globex hits
+    cache.flush_owner("acme")  # acme's files are deleted, globex's stay
+    assert cache.tenant_stats()["acme"]["l3_resident_tokens"] == 0
+    assert cached(cache, list(range(200, 208)), acme).device_prefix_len == 0
+    assert len(list(tmp_path.glob("*.kv"))) == 2
+
+
+def test_report_exports_tier_residency_per_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import defaultdict
+
+    from sglang_iso import observability
+
+    calls: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[str, float]]] = defaultdict(list)
+
+    class Series:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def labels(self, **labels: str) -> _Bound:
+            return _Bound(self.name, tuple(sorted(labels.items())))
+
+    class _Bound:
+        def __init__(self, name: str, labels: tuple[tuple[str, str], ...]) -> None:
+            self.key = (name, labels)
+
+        def set(self, value: float) -> None:
+            calls[self.key].append(("set", value))
+
+        def inc(self, value: float = 1) -> None:
+            calls[self.key].append(("inc", value))
+
+    class Metrics(dict):  # type: ignore[type-arg]
+        def __missing__(self, name: str) -> Series:
+            return Series(name)
+
+    monkeypatch.setattr(observability, "metrics", lambda: Metrics())
+    cache, allocator, kv = with_l3(4, tmp_path)
+    store(cache, allocator, kv, TOKENS, "tenant-a")
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    cache.report.maybe_export(min_interval_s=0)
+    assert calls[("l3_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
+    assert calls[("host_resident_tokens", (("tenant", "open"),))][-1] == ("set", len(TOKENS))
+    assert ("tier_quota_tokens", (("tenant", "open"), ("tier", "l3"))) in calls
+
+
+def test_shared_prefix_returns_from_files_after_a_restart(tmp_path: Path) -> None:
+    from sglang_iso.integration.host_cache import SHARED_L3_OWNER
+    from sglang_iso.integration.shared_prefixes import SCOPE
+
+    head = TOKENS[:8]
+    cache, allocator, kv = with_l3(4, tmp_path)
+    cache.tree.declare_shared("sys", head, frozenset({"open"}), scope=SCOPE)  # open mode: every namespace reads
+    original = k_values(kv, store(cache, allocator, kv, TOKENS, "tenant-a"))
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    assert cache.host.l3 is not None
+    assert cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"] == 2  # its own owner, no tenant's
+    cache.flush_owner("open")  # a tenant flush leaves the operator's prefix alone
+    assert cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"] == 2
+
+    again, _, kv2 = with_l3(4, tmp_path)  # restart: empty device and host
+    again.tree.declare_shared("sys", head, frozenset({"open"}), scope=SCOPE)
+    hit = cached(again, [*head, 7, 7, 7, 7], "tenant-b")  # another reader: the prefix, from the files
+    assert hit.device_prefix_len == len(head)
+    assert k_values(kv2, again.path_device_indices(hit.last_device_node)) == original[: len(head)]
+    assert again.check_integrity()

@@ -22,7 +22,8 @@ Lifecycle (exclusive tiers: a page is on the device or on the host, not both)::
     match           -> take(ns, tokens, p)    -> host pages to load (caller copies host -> device,
                                                   then release(pages))
     host full       -> LRU host pages of any namespace are dropped (scrubbed)
-    ns over quota   -> ns's own LRU host pages are dropped (scrubbed): set_quota
+    group over quota-> the group's own LRU host pages are dropped (scrubbed): set_quota
+                       (a quota group is a tenant's namespaces, or one namespace alone)
     flush(ns)/reset -> every host page of ns is dropped (scrubbed)
 
 Every page leaving the tier goes through ``scrub_fn`` before it can be handed
@@ -84,6 +85,9 @@ class LazyChain:
         return self._out[i]
 
 
+_Group = tuple[str, str]
+"""A quota group: ``("ns", namespace)`` (a namespace alone) or ``("group", name)`` (set by ``set_quota``)."""
+
 Digests = list[bytes] | LazyChain
 """Page digests as :meth:`HostTier.chain` or :meth:`HostTier.lazy_chain` give them."""
 
@@ -109,8 +113,12 @@ class HostTier:
         """Free host page ids (pop from the end)."""
         self._index: dict[str, dict[bytes, int]] = {}
         """namespace -> prefix digest -> host page, in the namespace's LRU order (least recent first)."""
-        self._quota: dict[str, int] = {}
-        """namespace -> most tokens it may hold on the host (absent: no cap but the host's size)."""
+        self._group: dict[str, _Group] = {}
+        """namespace -> its quota group (set by ``set_quota``; absent: the namespace is its own group)."""
+        self._quota: dict[_Group, int] = {}
+        """quota group -> most tokens its namespaces may hold on the host together (absent: no cap but the host's)."""
+        self._group_lru: dict[_Group, OrderedDict[int, None]] = {}
+        """quota group -> its host pages, least recently used first."""
         self._owner: dict[int, tuple[str, bytes]] = {}
         """host page -> (owner namespace, digest): the owner tag, checked on every lookup."""
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -120,7 +128,7 @@ class HostTier:
         self.violations = 0
         """Owner-tag mismatches seen on lookup (each one served as a miss)."""
         self.dropped_pages = 0
-        """Host pages dropped to make room (global LRU) or to keep a namespace under its quota (its own LRU)."""
+        """Host pages dropped to make room (global LRU) or to keep a quota group under its cap (its own LRU)."""
 
     # ----------------------------------------------------------------------------------------------- public API
 
@@ -141,6 +149,7 @@ class HostTier:
             page = index.get(digests[i])
             if page is not None:
                 self._lru.move_to_end(page)
+                self._group_pages(ns).move_to_end(page)
                 index[digests[i]] = index.pop(digests[i])  # to the end of the namespace's LRU order
                 placed.add(page)
                 continue
@@ -153,6 +162,7 @@ class HostTier:
             index[digests[i]] = page
             self._owner[page] = (ns, digests[i])
             self._lru[page] = None
+            self._group_pages(ns)[page] = None
             self._count(ns, resident=self.page_size, written=self.page_size)
             out.append((i * self.page_size, page))
         return out
@@ -185,10 +195,12 @@ class HostTier:
         """Like :meth:`lookup`, and unindex the pages found: the caller copies them, then :meth:`release`."""
         pages = self.lookup(ns, tokens, start, digests)
         index = self._index.get(ns, {})
+        group = self._group_pages(ns)
         for page in pages:
             _, digest = self._owner[page]
             del index[digest]
             self._lru.pop(page, None)
+            group.pop(page, None)
         if pages:
             self._count(ns, resident=-len(pages) * self.page_size, loaded=len(pages) * self.page_size)
         return pages
@@ -203,9 +215,11 @@ class HostTier:
         """Drop every host page of ``ns`` (scrubbed); returns tokens dropped."""
         index = self._index.pop(ns, {})
         pages = list(index.values())
+        group = self._group_pages(ns)
         for page in pages:
             self._owner.pop(page, None)
             self._lru.pop(page, None)
+            group.pop(page, None)
         if pages:
             self._count(ns, resident=-len(pages) * self.page_size)
         self._free_pages(pages)
@@ -216,17 +230,32 @@ class HostTier:
         for ns in list(self._index):
             self.flush(ns)
 
-    def set_quota(self, ns: str, tokens: int | None) -> None:
-        """Cap ``ns``'s host residency at ``tokens`` (None: no cap); its own LRU pages above it are dropped now."""
-        if tokens is None:
-            self._quota.pop(ns, None)
-            return
-        if tokens < 0:
+    def set_quota(self, ns: str, tokens: int | None, *, group: str | None = None) -> None:
+        """Cap the host residency of ``ns``'s quota group at ``tokens`` (None: no cap).
+
+        ``group`` (default: ``ns`` alone) names the namespaces that share one cap, e.g. every namespace of one
+        tenant; a namespace stays in the group it was first given. The group's own LRU pages above the cap are
+        dropped now (scrubbed), never another group's.
+        """
+        if tokens is not None and tokens < 0:
             raise ValueError(f"quota must be None or >= 0, got {tokens!r}")
-        self._quota[ns] = tokens
-        index = self._index.get(ns, {})
-        while index and self.stats(ns).resident_tokens > tokens:
-            self._drop(next(iter(index.values())))
+        if ns not in self._group:
+            name = self._group[ns] = ("ns", ns) if group is None else ("group", group)
+            own = self._group_lru.pop(("ns", ns), None)  # pages it placed before it had a group
+            if own:
+                self._group_lru.setdefault(name, OrderedDict()).update(own)
+        name = self._group[ns]
+        if tokens is None:
+            self._quota.pop(name, None)
+            return
+        self._quota[name] = tokens
+        pages: OrderedDict[int, None] = self._group_lru.get(name, OrderedDict())
+        while pages and len(pages) * self.page_size > tokens:
+            self._drop(next(iter(pages)))
+
+    def group_resident_tokens(self, ns: str) -> int:
+        """Host tokens held by ``ns``'s quota group (all its namespaces)."""
+        return len(self._group_lru.get(self._group_of(ns), ())) * self.page_size
 
     def holds(self, ns: str) -> bool:
         """Whether ``ns`` has any page on the host."""
@@ -235,6 +264,10 @@ class HostTier:
     def stats(self, ns: str) -> HostStats:
         row = self._stats.get(ns, [0, 0, 0])
         return HostStats(row[0], row[1], row[2])
+
+    def namespaces(self) -> list[str]:
+        """Every namespace that has held a host page (in first-seen order)."""
+        return list(self._stats)
 
     def used_pages(self) -> int:
         return self.capacity_pages - len(self._free)
@@ -246,10 +279,15 @@ class HostTier:
         assert set(self._lru) == set(indexed), f"{len(self._lru)=} {len(indexed)=}"
         assert not set(self._free) & set(indexed), "a free page is indexed"
         assert len(self._free) + len(indexed) == self.capacity_pages, f"{len(self._free)=} {len(indexed)=}"
+        grouped = {p: name for name, pages in self._group_lru.items() for p in pages}
+        assert set(grouped) == set(indexed), f"{len(grouped)=} {len(indexed)=}"
+        for page, (ns, _) in indexed.items():
+            assert grouped[page] == self._group_of(ns), f"{page=} {ns=} {grouped[page]=}"
         for ns, idx in self._index.items():
             assert self.stats(ns).resident_tokens == len(idx) * self.page_size, f"{ns=} {self.stats(ns)=}"
-            quota = self._quota.get(ns)
-            assert quota is None or len(idx) * self.page_size <= quota, f"{ns=} {quota=} {len(idx)=}"
+        for name, quota in self._quota.items():
+            held = len(self._group_lru.get(name, ())) * self.page_size
+            assert held <= quota, f"{name=} {quota=} {held=}"
 
     def lazy_chain(self, ns: str, tokens: Sequence[int]) -> LazyChain:
         """:meth:`chain` over every whole page of ``tokens``, each digest computed on first access."""
@@ -272,23 +310,31 @@ class HostTier:
         return self._free.pop() if self._free else None
 
     def _within_quota(self, ns: str, keep: set[int]) -> bool:
-        """Make room for one more page of ``ns`` under its quota (dropping its own LRU pages, never ``keep``)."""
-        quota = self._quota.get(ns)
+        """Make room for one more page of ``ns`` under its group's quota (dropping the group's own LRU pages,
+        never ``keep``)."""
+        quota = self._quota.get(self._group_of(ns))
         if quota is None:
             return True
-        index = self._index.get(ns, {})
-        while self.stats(ns).resident_tokens + self.page_size > quota:
-            victim = next(iter(index.values()), None)
+        pages = self._group_pages(ns)
+        while (len(pages) + 1) * self.page_size > quota:
+            victim = next(iter(pages), None)
             if victim is None or victim in keep:
                 return False
             self._drop(victim)
         return True
+
+    def _group_of(self, ns: str) -> _Group:
+        return self._group.get(ns) or ("ns", ns)
+
+    def _group_pages(self, ns: str) -> OrderedDict[int, None]:
+        return self._group_lru.setdefault(self._group_of(ns), OrderedDict())
 
     def _drop(self, page: int) -> None:
         """Remove an indexed page (host full or namespace over quota) and free it, scrubbed."""
         ns, digest = self._owner.pop(page)
         del self._index[ns][digest]
         del self._lru[page]
+        del self._group_pages(ns)[page]
         self._count(ns, resident=-self.page_size)
         self.dropped_pages += 1
         self._free_pages([page])

@@ -246,10 +246,12 @@ class TenantRadixTree(TreeCore):
             self._spilling = False
 
     def set_spill(self, spill_fn: Callable[[str, array, tuple[int, ...]], None] | None) -> None:
-        """Have ``evict`` hand each evicted private leaf to ``spill_fn(owner, path, slots)`` before freeing it.
+        """Have ``evict`` hand each evicted leaf to ``spill_fn(owner, path, slots)`` before freeing it.
 
-        ``path`` is every token from the namespace root to the leaf's end; ``slots`` hold its last
-        ``len(slots)`` tokens and are freed right after the call. Flush, quota and reset do not spill.
+        ``owner`` is the leaf's namespace (``shared:<name>`` for a shared prefix); ``path`` is every token a
+        request sends up to the leaf's end (for a continuation: the shared prefix, then its own tokens);
+        ``slots`` hold its last ``len(slots)`` tokens and are freed right after the call. Flush, quota and
+        reset do not spill.
         """
         self._spill_fn = spill_fn
 

@@ -113,7 +113,7 @@ class TreeCore:
         self._violations = 0
         """Isolation violations detected, all namespaces."""
         self._spill_fn: Callable[[str, array, tuple[int, ...]], None] | None = None
-        """Called with (owner, token path from the root, slots of the path's tail) for each private leaf evicted
+        """Called with (owner, token path from the first token, slots of the path's tail) for each leaf evicted
         under device pressure, before its slots are freed (the host tier copies them out); see ``set_spill``."""
         self._spilling = False
         """True only inside ``evict``: flush, quota and reset never spill."""
@@ -422,15 +422,21 @@ class TreeCore:
         return []
 
     def _spill(self, node: TreeNode, parent: TreeNode) -> None:
-        """Hand an evicted private leaf's path and slots to ``_spill_fn`` (nodes under shared roots are not spilled)."""
+        """Hand an evicted leaf's owner, full token path and slots to ``_spill_fn``.
+
+        The path starts at the first token a request sends: a continuation's path begins with its shared
+        prefix (its KV was computed after it); a shared node's owner is ``shared:<name>``.
+        """
         parts = [node.key]
         walk: TreeNode | None = parent
         while walk is not None and not isinstance(walk, RootNode):
             parts.append(walk.key)
             walk = walk.parent
-        if not (isinstance(walk, RootNode) and walk.kind == "private"):
+        if not isinstance(walk, RootNode):
             return
         path = array("q")
+        if walk.kind == "cont" and walk.shared_name is not None:
+            path.extend(self._shared[walk.shared_name].key)
         for part in reversed(parts):
             path.extend(part)
         assert self._spill_fn is not None

@@ -82,7 +82,10 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     if config is not None:
         for tenant in config.tenants.values():
             policies[tenant.group or tenant.id] = TenantPolicy(
-                quota_tokens=tenant.quota_tokens, policy=tenant.cache_policy
+                quota_tokens=tenant.quota_tokens,
+                policy=tenant.cache_policy,
+                host_quota_tokens=tenant.host_quota_tokens,
+                l3_quota_tokens=tenant.l3_quota_tokens,
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
     cache = TenantRadixCache(ctx.params, resolver, policies)
@@ -117,11 +120,12 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     L3 file store when the launcher set its directory.
 
     Raises:
-        UnsupportedConfigError: L3 storage without a namespace secret, or its directory cannot be created.
+        UnsupportedConfigError: L3 storage without a namespace secret, its directory cannot be created, or a
+            malformed overall cap.
     """
     import math
 
-    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
+    from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens, l3_owner_of
     from sglang_iso.integration.l3_store import FileL3Store, model_fingerprint
     from sglang_iso.integration.scrub import kv_buffers
 
@@ -146,13 +150,36 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     )
     fingerprint = model_fingerprint(str(server_args.model_path), layout)
     resolver = cache.resolver
+    raw_max = (envvars.L3_MAX_BYTES.get() or "").strip()
+    try:
+        max_bytes = int(raw_max) if raw_max else None
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("must be positive")
+    except ValueError:
+        raise UnsupportedConfigError(
+            f"sglang-iso: {envvars.L3_MAX_BYTES.name}={raw_max!r}: expected a positive number of bytes "
+            "(set by the launcher from --iso-l3-max-gb)"
+        ) from None
     try:
         cache.host.l3 = FileL3Store(
-            directory, secret, fingerprint, cache.host.page_bytes, lambda ns: resolver.tenant_of(ns) or "open"
+            directory,
+            secret,
+            fingerprint,
+            cache.host.page_bytes,
+            l3_owner_of(resolver),
+            max_bytes=max_bytes,
         )
     except OSError as exc:
         raise UnsupportedConfigError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
-    logger.info("sglang-iso: L3 file store attached (page files keyed by the namespace secret)")
+    except ValueError as exc:
+        raise UnsupportedConfigError(f"sglang-iso: L3 storage: {exc} (raise --iso-l3-max-gb)") from None
+    for owner, settings in cache.policies.items():
+        cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
+    logger.info(
+        "sglang-iso: L3 file store attached (page files keyed by the namespace secret; %d indexed, cap %s pages)",
+        len(cache.host.l3.index),
+        cache.host.l3.index.max_pages,
+    )
 
 
 def _server_tokenizer(server_args: Any) -> Any:

@@ -164,8 +164,7 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     ours = [
         k
         for k in requested
-        if isinstance(k, str)
-        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND)) or k == CHECK_COMMAND)
+        if isinstance(k, str) and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND)) or k == CHECK_COMMAND)
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)

@@ -31,25 +31,48 @@ every page evicted from the device is also written to a page file (unless one
 exists) named by a secret-keyed MAC; a match continues host pages with file pages of the same
 namespace. Not covered (refused at start, see :func:`uncovered_hicache_features`):
 SGLang's own storage backends, host memory mode ``buffer_only``.
-Entries under operator-shared prefixes are not spilled (they are dropped, as
-without a host tier).
+
+Operator-shared prefixes spill too: the declared prefix under its own
+namespace ``shared:<name>`` (host index and L3 files of that namespace; no
+tenant's quota), a tenant's continuation under the tenant's namespace with the
+digest chain starting at the shared prefix's first token. Only a request the
+tree routes through the shared prefix (a reader in its scope) looks up
+``shared:<name>``; it gets the whole prefix back or nothing, then its own
+continuation pages.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from sglang_iso.cache.host_tier import Digests, HostTier
+from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
 from sglang_iso.integration.l3_store import FileL3Store, page_payload, payload_rows
 from sglang_iso.integration.scrub import kv_buffers
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_RATIO = 2.0
+
+SHARED_L3_OWNER = ":shared"
+"""L3 owner of declared shared prefixes: no tenant id starts with ``:``, so no tenant's flush or quota reaches them."""
+
+
+def l3_owner_of(resolver: Any) -> Callable[[str], str]:
+    """The owner (tenant or cache group id) of a namespace for L3 flushes and quotas."""
+
+    def owner(ns: str) -> str:
+        if ns.startswith(SHARED_NAMESPACE_PREFIX):
+            return SHARED_L3_OWNER
+        return resolver.tenant_of(ns) or "open"
+
+    return owner
 
 
 def uncovered_hicache_features(server_args: Any) -> list[str]:
@@ -100,6 +123,10 @@ class HostCache:
         self.l3: FileL3Store | None = None  # set by the factory with L3 storage on
         self.scrubbed_pages = 0
         self.load_failures = 0
+        self.timing = {"spill_us": 0, "spill_calls": 0, "l3_write_us": 0, "load_us": 0, "load_calls": 0}
+        """Time on the scheduler thread (microseconds, wall clock) in the synchronous tier work: spills (device
+        -> host copies, L3 writes included and also counted alone) and load-backs past the fast path (lookups,
+        L3 reads, host/L3 -> device copies), with their counts."""
         self._ns_counts: dict[str, dict[str, int]] = {}  # namespace -> L3 token counters
 
     @property
@@ -111,10 +138,20 @@ class HostCache:
 
     def spill(self, ns: str, path: array, slots: tuple[int, ...]) -> None:
         """Copy an evicted leaf (``slots`` = the last tokens of ``path``) to host pages of ``ns``."""
+        t0 = time.perf_counter()
+        try:
+            self._spill(ns, path, slots)
+        finally:
+            self.timing["spill_us"] += int((time.perf_counter() - t0) * 1e6)
+            self.timing["spill_calls"] += 1
+
+    def _spill(self, ns: str, path: array, slots: tuple[int, ...]) -> None:
         start = len(path) - len(slots)
         placed = self.tier.put(ns, path, start)
         if self.l3 is not None:
+            t0 = time.perf_counter()
             self._write_through(ns, path, slots)
+            self.timing["l3_write_us"] += int((time.perf_counter() - t0) * 1e6)
         if not placed:
             return
         dev = torch.tensor(
@@ -128,44 +165,34 @@ class HostCache:
     def load_back(self, ns: str, tokens: Any, found: Any) -> int:
         """Bring pages continuing ``found`` (the device match in ``ns``) back from host and L3; returns tokens loaded.
 
+        A request that reads a declared shared prefix missing from the device first gets the prefix back (the
+        pages of ``shared:<name>``, all of them or none), then its own continuation pages of ``ns``.
         The caller re-matches afterwards. Fails soft: any shortfall (no device room, insert refused) is a miss.
         """
-        tree = self.cache.tree
-        start = found.prefix_len
         aligned = len(tokens) - len(tokens) % self.page_size
-        if start >= aligned or (self.l3 is None and not self.tier.holds(ns)):
-            return 0  # NOTE: the common cases (full device hit, nothing spilled) cost no hashing
-        if tree.shared_route(ns, tokens[:start]) is not None:
-            return 0
-        digests = self.tier.lazy_chain(ns, tokens)
-        n_host = len(self.tier.lookup(ns, tokens, start, digests))
-        stored = self._read_l3(ns, digests, start // self.page_size + n_host)
-        if not n_host and not stored:
-            return 0
-        pages = self.tier.take(ns, tokens, start, digests)
-        n = (len(pages) + len(stored)) * self.page_size
-        tree.inc_lock(found.last_node)  # NOTE: evicting for room must not take the prefix being extended
+        if found.prefix_len >= aligned:
+            return 0  # NOTE: the common case (full device hit) costs no hashing
+        if self.cache.tree.stats(ns).policy == "off":
+            return 0  # the tree would refuse the pages
+        t0 = time.perf_counter()
         try:
-            slots = self._alloc_device(n)
-            if slots is None:
-                self.load_failures += 1
-                return 0
-            self._copy_in(slots, pages, stored)
-            values = [*found.indices, *slots.tolist()]
-            result = tree.insert(ns, list(tokens[: start + n]), values)
-            leftover = [*result.duplicate_indices, *values[max(result.stored_len, start) :]]
-            if leftover:
-                self.cache.token_to_kv_pool_allocator.free(torch.tensor(leftover, dtype=torch.int64))
-            loaded = max(result.stored_len - start, 0)
-            if loaded and self.cache.owners is not None:
-                self.cache.owners.mark_owned(slots.tolist()[:loaded], ns)
-            from_l3 = max(loaded - len(pages) * self.page_size, 0)
-            if from_l3:
-                self._bump(ns, "l3_loaded_tokens", from_l3)
-            return loaded
+            return self._load_back(ns, tokens, found, aligned)
         finally:
-            tree.dec_lock(found.last_node)
-            self.tier.release(pages)
+            self.timing["load_us"] += int((time.perf_counter() - t0) * 1e6)
+            self.timing["load_calls"] += 1
+
+    def _load_back(self, ns: str, tokens: Any, found: Any, aligned: int) -> int:
+        loaded = 0
+        route = self.cache.tree.shared_route(ns, tokens) if found.prefix_len == 0 else None
+        if route is not None:
+            name, length = route
+            loaded = self._load_run(SHARED_NAMESPACE_PREFIX + name, ns, tokens[:length], found, shared=name)
+            if not loaded:
+                return 0
+            found = self.cache.tree.match(ns, tokens)
+            if found.prefix_len >= aligned:
+                return loaded
+        return loaded + self._load_run(ns, ns, tokens, found)
 
     def flush(self, ns: str) -> int:
         """Drop ``ns``'s host pages (scrubbed) and make its L3 pages unreachable; returns host tokens dropped."""
@@ -187,6 +214,21 @@ class HostCache:
             out["l3_written_tokens"] = counts.get("l3_written_tokens", 0)
             out["l3_loaded_tokens"] = counts.get("l3_loaded_tokens", 0)
         return out
+
+    def owner_stats(self, owner: str) -> dict[str, int]:
+        """L3 residency and pruning of ``owner`` (tokens; the store counts per owner, not per namespace)."""
+        if self.l3 is None:
+            return {}
+        pages = self.l3.owner_stats(owner)
+        return {
+            "l3_resident_tokens": pages["l3_resident_pages"] * self.page_size,
+            "l3_pruned_tokens": pages["l3_pruned_pages"] * self.page_size,
+        }
+
+    def set_l3_quota(self, owner: str, tokens: int | None) -> None:
+        """Cap ``owner``'s L3 tokens (whole pages; None: only the overall cap); its oldest files over it go now."""
+        if self.l3 is not None:
+            self.l3.set_quota(owner, None if tokens is None else tokens // self.page_size)
 
     def reset(self) -> None:
         """Drop every host page (scrubbed) and make every L3 page unreachable (``/flush_cache``, weight updates:
@@ -221,11 +263,63 @@ class HostCache:
             "host_scrubbed_pages": self.scrubbed_pages,
             "host_dropped_pages": self.tier.dropped_pages,
             "host_load_failures": self.load_failures,
+            **{f"tier_{name}": value for name, value in self.timing.items()},
+            **self._shared_totals(),
             "host_violations": self.tier.violations,
             **({} if self.l3 is None else self.l3.status()),
         }
 
     # ------------------------------------------------------------------------------------------ private
+
+    def _load_run(self, page_ns: str, ns: str, tokens: Any, found: Any, shared: str | None = None) -> int:
+        """Load ``page_ns``'s host and L3 pages continuing ``found`` and insert them for ``ns``; tokens loaded.
+
+        ``shared``: the pages are declared shared prefix ``shared`` (``tokens`` is exactly it): all or nothing.
+        """
+        tree = self.cache.tree
+        start = found.prefix_len
+        if self.l3 is None and not self.tier.holds(page_ns):
+            return 0  # NOTE: nothing spilled: no hashing
+        digests = self.tier.lazy_chain(page_ns, tokens)
+        n_host = len(self.tier.lookup(page_ns, tokens, start, digests))
+        stored = self._read_l3(page_ns, digests, start // self.page_size + n_host)
+        n = (n_host + len(stored)) * self.page_size
+        if not n or (shared is not None and start + n != len(tokens)):
+            return 0
+        pages = self.tier.take(page_ns, tokens, start, digests)
+        tree.inc_lock(found.last_node)  # NOTE: evicting for room must not take the prefix being extended
+        try:
+            slots = self._alloc_device(n)
+            if slots is None:
+                self.load_failures += 1
+                return 0
+            self._copy_in(slots, pages, stored)
+            values = [*found.indices, *slots.tolist()]
+            result = tree.insert(ns, list(tokens[: start + n]), values)
+            leftover = [*result.duplicate_indices, *values[max(result.stored_len, start) :]]
+            if leftover:
+                self.cache.token_to_kv_pool_allocator.free(torch.tensor(leftover, dtype=torch.int64))
+            loaded = max(result.stored_len - start, 0)
+            if loaded and self.cache.owners is not None:
+                if shared is not None:
+                    self.cache.owners.mark_shared(slots.tolist()[:loaded], shared)
+                else:
+                    self.cache.owners.mark_owned(slots.tolist()[:loaded], ns)
+            from_l3 = max(loaded - len(pages) * self.page_size, 0)
+            if from_l3:
+                self._bump(page_ns, "l3_loaded_tokens", from_l3)
+            return loaded
+        finally:
+            tree.dec_lock(found.last_node)
+            self.tier.release(pages)
+
+    def _shared_totals(self) -> dict[str, int]:
+        """Host residency and loads of the declared shared prefixes (no tenant's row counts them)."""
+        rows = [self.tier.stats(ns) for ns in self.tier.namespaces() if ns.startswith(SHARED_NAMESPACE_PREFIX)]
+        return {
+            "host_shared_resident_tokens": sum(r.resident_tokens for r in rows),
+            "host_shared_loaded_tokens": sum(r.loaded_tokens for r in rows),
+        }
 
     def _host_slots(self, pages: list[int]) -> torch.Tensor:
         base = torch.tensor(pages, dtype=torch.int64).unsqueeze(1) * self.page_size

@@ -5,43 +5,64 @@ tokens seeded only by the client's ``extra_key`` / ``cache_salt`` (token-only
 without), and the file backend names files by that hash plus the model path,
 shared by every tenant and kept across restarts. Here::
 
-    k_store   = HMAC-SHA-256(namespace secret, "sglang-iso/l3/v1" 0x00 model fingerprint)
+    k_store   = HMAC-SHA-256(namespace secret, "sglang-iso/l3/v2" 0x00 model fingerprint)
     file name = hex(HMAC-SHA-256(k_store, epochs 0x00 namespace id 0x00 page digest)) + ".kv"
     epochs    = the flush counters of all ("*"), of the namespace's owner (tenant) and of the namespace
-    contents  = page KV (every buffer's rows, in buffer order) | HMAC-SHA-256(k_store, name | KV)
+    contents  = header | page KV (every buffer's rows, in buffer order) | HMAC-SHA-256(k_store, name | header | KV)
+    header    = owner label | namespace label | epochs | HMAC(k_store, name | ...)[:16]   (labels: MACs, hex)
 
 The namespace id is the verified one (never a client field) and the page digest
 chains every token from the namespace root (``HostTier.chain``), so a name is
-reachable only by the same namespace with the same prefix; the name reveals no
-tenant, prompt hash or model path. A new secret or model fingerprint (model
-path, its ``config.json``, KV layout, TP rank) changes ``k_store``: every old
-file becomes unreachable. A flush bumps an epoch (kept in an epochs file named by a MAC,
-keys MACed too): a tenant flush makes every namespace of that tenant
-unreachable, even those not seen since the last restart. A file whose MAC or size does not match is
-a miss (counted, fail closed). Files are never trusted for anything but bytes.
+reachable only by the same namespace with the same prefix; neither the name nor
+the header reveals a tenant, prompt hash or model path (files of one owner do
+share its label). A new secret or model fingerprint (model path, its
+``config.json``, KV layout, TP rank) changes ``k_store``: every old file becomes
+unreachable. A flush bumps an epoch (kept in an epochs file named by a MAC, keys
+MACed too) and deletes the flushed files this store knows: a tenant flush makes
+every namespace of that tenant unreachable, even those not seen since the last
+restart. A file whose MAC or size does not match is a miss (counted, fail
+closed). Files are never trusted for anything but bytes.
 
-Not covered: size limits and pruning of the directory (unreachable files are
-harmless; the operator prunes by age), other backends (Mooncake, 3FS, NIXL).
+Residency (:class:`sglang_iso.cache.l3_index.L3Index`): at start the store reads
+every file's header (not its KV) and indexes the files it can authenticate, least
+recently used first (by mtime; a read refreshes it); files of an older epoch are
+deleted then (unreachable anyway). Before a write, an owner at its L3 quota loses
+its own least recently used files, and a store at its overall cap loses the least
+recently used files of anyone. Files it cannot authenticate (another secret, model,
+TP rank or format) are never read, counted or deleted: the operator removes them.
+With several DP ranks over one directory each rank enforces the caps over the files
+it indexed (those present at its start and its own writes).
+
+Not covered: other backends (Mooncake, 3FS, NIXL).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import hmac
 import json
 import logging
 import os
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from sglang_iso.cache.l3_index import L3Index
+
 logger = logging.getLogger(__name__)
 
-_DOMAIN = b"sglang-iso/l3/v1\x00"
+_DOMAIN = b"sglang-iso/l3/v2\x00"
 _MAC_BYTES = 32
+_LABEL_CHARS = 32
+_EPOCHS = struct.Struct(">QQQ")
+_HEADER_TAG_BYTES = 16
+HEADER_BYTES = 2 * _LABEL_CHARS + _EPOCHS.size + _HEADER_TAG_BYTES
+"""Bytes before a file's KV: owner label, namespace label, epochs, header tag."""
 
 
 def model_fingerprint(model_path: str, layout: str) -> bytes:
@@ -63,71 +84,98 @@ class FileL3Store:
         fingerprint: bytes,
         page_bytes: int,
         owner_of: Callable[[str], str] = lambda ns: ns,
+        max_bytes: int | None = None,
     ) -> None:
-        """``owner_of`` maps a namespace to the owner a tenant flush names (its tenant id).
+        """``owner_of`` maps a namespace to the owner a tenant flush and an L3 quota name (its tenant id);
+        ``max_bytes`` caps the files this store keeps (None: no cap but the disk).
 
         Raises:
-        ValueError: empty secret or ``page_bytes < 1``.
+        ValueError: empty secret, ``page_bytes < 1`` or ``max_bytes`` smaller than one file.
         OSError: the directory cannot be created.
+        RuntimeError: the epochs file is unreadable.
         """
         if not secret or page_bytes < 1:
             raise ValueError("L3 storage needs a namespace secret and a positive page size")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.page_bytes = page_bytes
+        self.file_bytes = HEADER_BYTES + page_bytes + _MAC_BYTES
+        if max_bytes is not None and max_bytes < self.file_bytes:
+            raise ValueError(f"L3 max size {max_bytes} bytes is smaller than one page file ({self.file_bytes} bytes)")
         self._owner_of = owner_of
         self._key = hmac.new(secret, _DOMAIN + fingerprint, hashlib.sha256).digest()
         self._epochs_path = self.directory / f"epochs-{self._mac(b'epochs').hex()[:32]}.json"
         self._epochs: dict[str, int] = self._load_epochs()
+        self.index = L3Index(None if max_bytes is None else max_bytes // self.file_bytes)
         self.written_pages = 0
         self.read_pages = 0
         self.bad_files = 0
+        self.stale_removed = 0
+        self.foreign_files = 0
+        self._scan()
+        self._delete(self.index.over_cap(), pruned=True)
 
     # ------------------------------------------------------------------------------------------ public API
 
     def name(self, ns: str, digest: bytes) -> str:
         """File name of ``ns``'s page with prefix digest ``digest`` (hex MAC only)."""
-        scopes = ("*", "owner:" + self._owner_of(ns), "ns:" + ns)
-        epochs = ",".join(str(self._epochs.get(self._label(scope), 0)) for scope in scopes)
+        epochs = ",".join(str(e) for e in self._current_epochs(self.owner_label(ns), self._label("ns:" + ns)))
         return self._mac(epochs.encode() + b"\x00" + ns.encode() + b"\x00" + digest).hex() + ".kv"
 
     def contains(self, ns: str, digest: bytes) -> bool:
         return (self.directory / self.name(ns, digest)).is_file()
 
     def write(self, ns: str, digest: bytes, payload: bytes) -> bool:
-        """Store one page (no-op when present); False when the write failed (logged, never raised)."""
+        """Store one page (no-op when present), first pruning what the caps require; False when nothing was
+        stored (the owner's L3 quota is 0 pages, or the write failed: logged, never raised)."""
         if len(payload) != self.page_bytes:
             raise ValueError(f"page payload must be {self.page_bytes} bytes, got {len(payload)}")
         name = self.name(ns, digest)
         path = self.directory / name
-        if path.is_file():
+        owner, ns_label = self.owner_label(ns), self._label("ns:" + ns)
+        if name in self.index or path.is_file():
+            self.index.add(name, owner, ns_label)
             return True
+        victims = self.index.admit(owner)
+        if victims is None:
+            return False
+        self._delete(victims, pruned=True)
+        epochs = self._current_epochs(owner, ns_label)
+        body = owner.encode() + ns_label.encode() + _EPOCHS.pack(*epochs)
+        header = body + self._mac(b"header\x00" + name.encode() + body)[:_HEADER_TAG_BYTES]
         try:
-            self._atomic_write(path, payload + self._mac(name.encode() + payload))
+            self._atomic_write(path, header + payload + self._mac(name.encode() + header + payload))
         except OSError:
             logger.exception("sglang-iso: L3 page write failed")
             return False
+        self.index.add(name, owner, ns_label)
         self.written_pages += 1
         return True
 
     def read(self, ns: str, digest: bytes) -> bytes | None:
         """One page's KV bytes, or None when absent or not authentic (counted)."""
         name = self.name(ns, digest)
+        path = self.directory / name
         try:
-            data = (self.directory / name).read_bytes()
+            data = path.read_bytes()
         except OSError:
+            self.index.remove(name)  # NOTE: another rank over the same directory may have pruned it
             return None
-        payload, tag = data[:-_MAC_BYTES], data[-_MAC_BYTES:]
+        header, payload, tag = data[:HEADER_BYTES], data[HEADER_BYTES:-_MAC_BYTES], data[-_MAC_BYTES:]
         # SECURITY: fail closed on a wrong size or MAC: a miss, never foreign or corrupted KV.
-        if len(payload) != self.page_bytes or not hmac.compare_digest(tag, self._mac(name.encode() + payload)):
+        if len(payload) != self.page_bytes or not hmac.compare_digest(tag, self._mac(name.encode() + header + payload)):
             self.bad_files += 1
             logger.warning("isolation-violation op=l3-read file=%s reason=bad size or MAC", name)
             return None
         self.read_pages += 1
+        self.index.touch(name)
+        with contextlib.suppress(OSError):
+            os.utime(path)  # NOTE: the mtime orders files at the next start (least recently used first)
         return payload
 
-    def flush(self, scope: str) -> None:
-        """Make pages stored so far unreachable (the scope's epoch advances, persisted).
+    def flush(self, scope: str) -> int:
+        """Make pages stored so far unreachable (the scope's epoch advances, persisted) and delete the files of
+        the scope this store knows; returns files deleted.
 
         ``scope``: ``"*"`` (everything), ``"owner:<tenant>"`` or ``"ns:<namespace>"``.
         """
@@ -144,12 +192,44 @@ class FileL3Store:
                 self._epochs = merged
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+        if scope == "*":
+            names = self.index.drop_all()
+        elif scope.startswith("owner:"):
+            names = self.index.drop_owner(label)
+        else:
+            names = self.index.drop_namespace(label)
+        self._delete(names, pruned=False)
+        return len(names)
+
+    def set_quota(self, owner: str, pages: int | None) -> int:
+        """Cap ``owner``'s stored pages (None: only the overall cap); its LRU files above it are deleted now.
+        Returns files deleted."""
+        victims = self.index.set_quota(self._label("owner:" + owner), pages)
+        self._delete(victims, pruned=True)
+        return len(victims)
+
+    def owner_label(self, ns: str) -> str:
+        """The label of ``ns``'s owner in headers and the index (a MAC: no tenant id in clear)."""
+        return self._label("owner:" + self._owner_of(ns))
+
+    def owner_stats(self, owner: str) -> dict[str, int]:
+        """Stored and pruned pages of ``owner`` (a tenant id, as ``owner_of`` gives it)."""
+        label = self._label("owner:" + owner)
+        return {
+            "l3_resident_pages": self.index.resident_pages(label),
+            "l3_pruned_pages": self.index.pruned_pages.get(label, 0),
+        }
 
     def status(self) -> dict[str, int]:
         return {
             "l3_written_pages": self.written_pages,
             "l3_read_pages": self.read_pages,
             "l3_bad_files": self.bad_files,
+            "l3_resident_pages": len(self.index),
+            "l3_max_pages": self.index.max_pages or 0,
+            "l3_pruned_pages": sum(self.index.pruned_pages.values()),
+            "l3_stale_removed": self.stale_removed,
+            "l3_foreign_files": self.foreign_files,
         }
 
     # ------------------------------------------------------------------------------------------ private
@@ -157,8 +237,46 @@ class FileL3Store:
     def _mac(self, msg: bytes) -> bytes:
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 
-    def _label(self, ns: str) -> str:
-        return self._mac(b"scope\x00" + ns.encode()).hex()[:32]
+    def _label(self, scope: str) -> str:
+        return self._mac(b"scope\x00" + scope.encode()).hex()[:_LABEL_CHARS]
+
+    def _current_epochs(self, owner_label: str, ns_label: str) -> tuple[int, int, int]:
+        get = self._epochs.get
+        return get(self._label("*"), 0), get(owner_label, 0), get(ns_label, 0)
+
+    def _scan(self) -> None:
+        """Index the files this store can authenticate, oldest mtime first; delete those of an older epoch."""
+        found: list[tuple[int, str, str, str]] = []
+        for path in self.directory.glob("*.kv"):
+            try:
+                st = path.stat()
+                size, mtime = st.st_size, st.st_mtime_ns
+                with open(path, "rb") as f:
+                    head = f.read(HEADER_BYTES)
+            except OSError:
+                continue
+            body, tag = head[:-_HEADER_TAG_BYTES], head[-_HEADER_TAG_BYTES:]
+            expected = self._mac(b"header\x00" + path.name.encode() + body)[:_HEADER_TAG_BYTES]
+            if size != self.file_bytes or len(head) != HEADER_BYTES or not hmac.compare_digest(tag, expected):
+                self.foreign_files += 1
+                continue
+            owner = body[:_LABEL_CHARS].decode("ascii", "replace")
+            ns_label = body[_LABEL_CHARS : 2 * _LABEL_CHARS].decode("ascii", "replace")
+            if _EPOCHS.unpack(body[2 * _LABEL_CHARS :]) != self._current_epochs(owner, ns_label):
+                path.unlink(missing_ok=True)  # flushed: unreachable by name already
+                self.stale_removed += 1
+                continue
+            found.append((mtime, path.name, owner, ns_label))
+        for _, name, owner, ns_label in sorted(found):
+            self.index.add(name, owner, ns_label)
+
+    def _delete(self, names: list[str], *, pruned: bool) -> None:
+        for name in names:
+            try:
+                (self.directory / name).unlink(missing_ok=True)
+            except OSError:
+                logger.exception("sglang-iso: L3 page delete failed")
+            self.index.remove(name, pruned=pruned)
 
     def _load_epochs(self) -> dict[str, int]:
         try:

@@ -22,7 +22,6 @@ Request lifecycle (page_size p; ``protected`` = ``req.kv.cache_protected_len``):
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -40,10 +39,10 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from sglang_iso import observability
 from sglang_iso.cache import NodeHandle, TenantRadixTree
 from sglang_iso.constants import BACKEND_NAME, CachePolicy
 from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.integration.cache_report import CacheReport
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
 if TYPE_CHECKING:
@@ -58,6 +57,8 @@ class TenantPolicy(NamedTuple):
 
     quota_tokens: int | None  # cap on resident tokens per namespace; None = unlimited
     policy: CachePolicy  # "private" or "off"
+    host_quota_tokens: int | None = None  # cap on the owner's host-tier tokens, all namespaces; None = unlimited
+    l3_quota_tokens: int | None = None  # cap on the owner's L3 tokens; None = only the store's overall cap
 
 
 class IsoNode:
@@ -108,8 +109,7 @@ class TenantRadixCache(BasePrefixCache):
         self.ongoing_write_through: dict[int, Any] = {}
         self.ongoing_load_back: dict[int, Any] = {}
         self.enable_storage = False
-        self._exported: dict[str, int] = {}  # counter values already exported to metrics / audit
-        self._last_export = 0.0
+        self.report = CacheReport(self, BACKEND_NAME)
         self._empty_indices = torch.empty((0,), dtype=torch.int64, device=self.device)
         self.root_node = IsoNode(NodeHandle(()), self._empty_indices, None)
 
@@ -131,7 +131,7 @@ class TenantRadixCache(BasePrefixCache):
         found = self.tree.match(ns, tokens)
         if self.host is not None and self.host.load_back(ns, tokens, found):
             found = self.tree.match(ns, tokens)
-        self._maybe_export()
+        self.report.maybe_export()
         if found.prefix_len == 0:
             return self._miss()
         node = IsoNode(found.last_node, self._tensor(found.indices), ns)
@@ -202,7 +202,7 @@ class TenantRadixCache(BasePrefixCache):
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
         evicted = self.tree.evict(params.num_tokens)
-        self._maybe_export()
+        self.report.maybe_export()
         return EvictResult(num_tokens_evicted=evicted)
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
@@ -265,62 +265,16 @@ class TenantRadixCache(BasePrefixCache):
     # ------------------------------------------------------------------------------------------ sglang-iso API
 
     def iso_status(self) -> dict[str, Any]:
-        """A JSON-safe summary for /get_server_info and the startup check."""
-        return {
-            "backend": BACKEND_NAME,
-            "impl": type(self).__name__,
-            "page_size": self.page_size,
-            "disabled": self.disable,
-            "namespace_mode": self.resolver.mode,
-            "evictable_tokens": self.evictable_size(),
-            "protected_tokens": self.protected_size(),
-            "violations": self.tree.violations,
-            "rejected_tags": self.resolver.rejected_tags,
-            "untagged_lookups": self.resolver.untagged,
-            "kv_scrub": "off" if self.scrubber is None else "on-free",
-            "kv_owner_check": "off" if self.owners is None else "on",
-            "owner_violations": 0,
-            **({} if self.owners is None else self.owners.status()),
-            **({} if self.scrubber is None else self.scrubber.status()),
-            **({} if self.host is None else self.host.status()),
-        }
+        """A JSON-safe summary for /get_server_info and the startup check (see :class:`CacheReport`)."""
+        return self.report.status()
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:
-        """Per-owner totals over its namespaces (tokens), for ``GET /iso/tenants``."""
-        out: dict[str, dict[str, int | None]] = {}
-        for ns in sorted(self._configured):
-            owner = self.resolver.tenant_of(ns) or "open"
-            st = self.tree.stats(ns)
-            row = out.setdefault(
-                owner,
-                {
-                    "namespaces": 0,
-                    "resident_tokens": 0,
-                    "evictable_tokens": 0,
-                    "protected_tokens": 0,
-                    "hit_tokens": 0,
-                    "lookup_tokens": 0,
-                    "inserted_tokens": 0,
-                    "evicted_tokens": 0,
-                    "violations": 0,
-                    "quota_tokens_per_namespace": st.quota,
-                },
-            )
-            row["namespaces"] = int(row["namespaces"] or 0) + 1
-            for field, value in (
-                ("resident_tokens", st.resident),
-                ("evictable_tokens", st.evictable),
-                ("protected_tokens", st.protected),
-                ("hit_tokens", st.hit_tokens),
-                ("lookup_tokens", st.lookup_tokens),
-                ("inserted_tokens", st.inserted_tokens),
-                ("evicted_tokens", st.evicted_tokens),
-                ("violations", st.violations),
-            ):
-                row[field] = int(row[field] or 0) + int(value)
-            for field, value in (self.host.ns_stats(ns) if self.host is not None else {}).items():
-                row[field] = int(row.get(field) or 0) + value
-        return out
+        """Per-owner totals over its namespaces (tokens), for ``GET /iso/tenants`` (see :class:`CacheReport`)."""
+        return self.report.tenant_stats()
+
+    def namespaces(self) -> list[str]:
+        """Namespaces seen so far (configured on first use), sorted."""
+        return sorted(self._configured)
 
     def readable_shared(self, ns: str | None) -> list[str]:
         return self.tree.readable_shared(ns) if ns is not None else []
@@ -352,47 +306,6 @@ class TenantRadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------------------------------ private
 
-    def _maybe_export(self, min_interval_s: float = 1.0) -> None:
-        """Push per-tenant gauges and counter deltas to metrics and the audit log (throttled)."""
-        now = time.monotonic()
-        if now - self._last_export < min_interval_s:
-            return
-        self._last_export = now
-        audit_log = observability.scheduler_audit_logger()  # first: this process writes PATH.scheduler
-        m = observability.metrics()
-        if m is None and audit_log is None:
-            return
-        for owner, row in self.tenant_stats().items():
-            if m is not None:
-                m["resident_tokens"].labels(tenant=owner).set(row["resident_tokens"] or 0)
-                m["quota_tokens"].labels(tenant=owner).set(row["quota_tokens_per_namespace"] or 0)
-                if "host_resident_tokens" in row:
-                    m["host_resident_tokens"].labels(tenant=owner).set(row["host_resident_tokens"] or 0)
-                for tier in ("host", "l3"):
-                    loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
-                    if loaded:
-                        m["tier_loaded_tokens"].labels(tenant=owner, tier=tier).inc(loaded)
-            for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
-                delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
-                if delta and m is not None:
-                    m[metric].labels(tenant=owner).inc(delta)
-                if delta and field == "violations":
-                    observability.audit("isolation_violation", tenant=owner, count=delta)
-        rejected = self._delta("unverified/violations", self.resolver.rejected_tags)
-        if rejected:
-            if m is not None:
-                m["violations"].labels(tenant="unverified").inc(rejected)
-            observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
-        if self.scrubber is not None:
-            scrubbed = self._delta("scrubbed_pages", self.scrubber.scrubbed_pages)
-            if scrubbed and m is not None:
-                m["scrubbed_pages"].inc(scrubbed)
-
-    def _delta(self, name: str, value: int) -> int:
-        delta = value - self._exported.get(name, 0)
-        self._exported[name] = value
-        return max(delta, 0)
-
     def _release_slots(self, slots: list[int]) -> None:
         """The only path by which slots leave the tree for the allocator."""
         if slots:
@@ -415,7 +328,8 @@ class TenantRadixCache(BasePrefixCache):
             self.tree.set_quota(ns, settings.quota_tokens)
             self.tree.set_policy(ns, settings.policy)
             if self.host is not None:
-                self.host.tier.set_quota(ns, settings.quota_tokens)  # NOTE: the same cap again on the host
+                # NOTE: one host cap over all of the owner's namespaces (base model and each adapter)
+                self.host.tier.set_quota(ns, settings.host_quota_tokens, group=owner)
         self._configured.add(ns)
 
     def _tensor(self, values: Any) -> torch.Tensor:

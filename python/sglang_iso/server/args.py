@@ -89,6 +89,14 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         "default); open: /metrics needs no key, as in upstream SGLang (it names every tenant).",
     )
     group.add_argument(
+        "--iso-l3-max-gb",
+        type=_l3_max_gb,
+        default=None,
+        metavar="GIB",
+        help="With --hicache-storage-backend file: most GiB of page files the L3 store keeps (default 64); over "
+        "it the least recently used files of any tenant are deleted. Per-tenant caps: l3_quota_tokens.",
+    )
+    group.add_argument(
         "--iso-dry-run",
         action="store_true",
         help="Print the SGLang arguments the launcher would run, as JSON, and exit.",
@@ -142,7 +150,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     from sglang_iso.server.hicache_args import plan_hicache
 
     sglang_argv, hicache_added, hicache_env = plan_hicache(
-        sglang_argv, cuda_available=cuda_available, tenants_file=ours.tenants_file, env=env or {}
+        sglang_argv,
+        cuda_available=cuda_available,
+        tenants_file=ours.tenants_file,
+        env=env or {},
+        max_gb=ours.iso_l3_max_gb,
     )
     added += hicache_added
     env_added += hicache_env
@@ -204,6 +216,12 @@ def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[st
         return []
     bind = cpu_threads_bind(world_size(argv), os.sched_getaffinity(0))
     return [] if bind is None else [(CPU_BIND_ENV, bind)]
+
+
+def _l3_max_gb(text: str) -> float:
+    from sglang_iso.server.hicache_args import l3_max_gb
+
+    return l3_max_gb(text)
 
 
 def _refuse_uncovered(argv: Sequence[str]) -> None:

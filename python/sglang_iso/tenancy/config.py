@@ -8,7 +8,11 @@ Format (TOML)::
     [[tenants]]                              # at least one
     id = "acme"                              # [a-z0-9][a-z0-9-]{0,63}
     key_sha256 = ["<sha256 hex of an API key>"]                # at least one
-    quota_tokens = 200000                    # optional positive int: resident cached tokens
+    quota_tokens = 200000                    # optional positive int: resident cached tokens (device)
+    host_quota_tokens = 400000               # optional positive int: tokens in the host tier (L2), all its
+                                             # namespaces together; default: quota_tokens (none: no cap)
+    l3_quota_tokens = 4000000                # optional positive int: tokens in L3 storage; default: no cap
+                                             # but the server's --iso-l3-max-gb; over it, its own oldest go
     cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
     max_concurrent_requests = 8              # optional positive int: requests in flight (default: half the
                                              # server's --max-running-requests, else 32); beyond -> 429
@@ -94,6 +98,11 @@ class Tenant:
     """Cap on this tenant's requests in flight at the gate (positive); ``None`` = the server's default."""
     adapters: frozenset[str] = frozenset()
     """Names of the LoRA adapters the tenant may use (``adapters``); empty = base model only."""
+    host_quota_tokens: int | None = None
+    """Cap on the tenant's (or its group's) tokens in the host tier, all namespaces together (positive);
+    ``host_quota_tokens`` in the file, else ``quota_tokens``; ``None`` = no cap but the host's size."""
+    l3_quota_tokens: int | None = None
+    """Cap on the tenant's (or its group's) tokens in L3 storage (positive); ``None`` = only the overall cap."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,16 @@ class TenantsConfig:
 
 
 _TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
-_TENANT_FIELDS = ("id", "key_sha256", "quota_tokens", "cache", "max_concurrent_requests", "adapters")
+_TENANT_FIELDS = (
+    "id",
+    "key_sha256",
+    "quota_tokens",
+    "host_quota_tokens",
+    "l3_quota_tokens",
+    "cache",
+    "max_concurrent_requests",
+    "adapters",
+)
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -204,6 +222,8 @@ def _tenant(
         v.fail(f"{field}.id", f"invalid tenant id {tenant_id!r}; must match {TENANT_ID_PATTERN.pattern}", section, "id")
     hashes = v.key_hashes(table, "key_sha256", f"{field}.key_sha256", section, owners, required=True)
     quota = v.optional_positive_int(table, "quota_tokens", f"{field}.quota_tokens", section)
+    host_quota = v.optional_positive_int(table, "host_quota_tokens", f"{field}.host_quota_tokens", section)
+    l3_quota = v.optional_positive_int(table, "l3_quota_tokens", f"{field}.l3_quota_tokens", section)
     concurrency = v.optional_positive_int(table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section)
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
@@ -221,7 +241,17 @@ def _tenant(
             "cache",
         )
     adapters = _adapters(v, table, f"{field}.adapters", section)
-    return Tenant(tenant_id, frozenset(hashes), quota, policy, group, concurrency, adapters)
+    return Tenant(
+        tenant_id,
+        frozenset(hashes),
+        quota,
+        policy,
+        group,
+        concurrency,
+        adapters,
+        host_quota_tokens=host_quota if host_quota is not None else quota,
+        l3_quota_tokens=l3_quota,
+    )
 
 
 def _adapters(v: Validator, table: dict[str, object], field: str, section: tuple[str, int]) -> frozenset[str]:

@@ -86,10 +86,11 @@ class HostMachine(RuleBasedStateMachine):
         self.tier.flush(ns)
         assert self.tier.stats(ns).resident_tokens == 0
 
-    @rule(ns=st.sampled_from(NAMESPACES), quota=st.none() | st.integers(0, 4))
-    def set_host_quota(self, ns: str, quota: int | None) -> None:
-        self.tier.set_quota(ns, quota)
-        assert quota is None or self.tier.stats(ns).resident_tokens <= quota
+    @rule(ns=st.sampled_from(NAMESPACES), quota=st.none() | st.integers(0, 4), shared=st.booleans())
+    def set_host_quota(self, ns: str, quota: int | None, shared: bool) -> None:
+        # ns-a and ns-b may share one cap (one tenant's namespaces); ns-c is always alone.
+        self.tier.set_quota(ns, quota, group="ab" if shared and ns != "ns-c" else None)
+        assert quota is None or self.tier.group_resident_tokens(ns) <= quota
 
     @invariant()
     def integrity(self) -> None:

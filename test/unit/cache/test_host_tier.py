@@ -161,6 +161,27 @@ def test_quota_drops_own_lru_pages_only(page_size: int) -> None:
     t.check_integrity()
 
 
+def test_group_quota_caps_a_tenants_namespaces_together(page_size: int) -> None:
+    host = Host(page_size, 16)
+    t = host.tier
+    c_path = array("q", seq(page_size, 7))
+    host.spill("ns-c", c_path, (0,) * len(c_path))  # another tenant's page, older than all of A's
+    a_path = array("q", seq(page_size, 1, 2))
+    host.spill(A, a_path, (0,) * len(a_path))  # placed before A had a group: moves into the group
+    t.set_quota(A, 3 * page_size, group="tenant-1")
+    t.set_quota(B, 3 * page_size, group="tenant-1")
+    b_path = array("q", seq(page_size, 4, 5))
+    host.spill(B, b_path, (0,) * len(b_path))  # 4 pages in the group: A's oldest goes, never ns-c's
+    t.check_integrity()
+    assert t.group_resident_tokens(A) == t.group_resident_tokens(B) == 3 * page_size
+    assert len(t.lookup(A, a_path, 0)) == 0 and t.stats(A).resident_tokens == page_size
+    assert len(t.lookup("ns-c", c_path, 0)) == 1
+    t.set_quota(A, page_size, group="other")  # a namespace keeps its first group; lowering trims the group
+    assert t.group_resident_tokens(B) == page_size
+    assert len(t.lookup("ns-c", c_path, 0)) == 1
+    t.check_integrity()
+
+
 def test_lazy_chain_matches_the_eager_one() -> None:
     t = HostTier(2, 1, lambda pages: None)
     tokens = [3, 1, 4, 1, 5, 9, 2]
@@ -169,3 +190,24 @@ def test_lazy_chain_matches_the_eager_one() -> None:
     assert [lazy[i] for i in range(3)] == t.chain(A, tokens, 6)
     with pytest.raises(IndexError):
         lazy[3]
+
+
+def test_shared_prefix_and_continuations_spill_under_their_own_namespaces(page_size: int) -> None:
+    pool, host = FakePool(), Host(page_size, 64)
+    tree = TenantRadixTree(page_size, pool.free)
+    tree.set_spill(host.spill)
+    tree.register_namespace(A, tenant_id="a", scope="s")
+    tree.register_namespace(B, tenant_id="b", scope="s")  # not a reader
+    head = seq(page_size, 8, 9)
+    tree.declare_shared("sys", head, frozenset({"a"}), scope="s")
+    full = head + seq(page_size, 1)
+    tree.insert(A, full, pool.alloc(len(full)))
+    assert tree.evict(len(full)) == len(full)  # the continuation goes first, then the shared node
+    tree.check_integrity()
+    host.tier.check_integrity()
+    # The shared prefix is kept as "shared:sys" (exactly its tokens), the continuation under A, chained from
+    # the shared prefix's first token; B's namespace holds nothing.
+    assert len(host.tier.lookup("shared:sys", head, 0)) == len(head) // page_size
+    assert len(host.tier.lookup(A, full, len(head))) == 1
+    assert host.tier.lookup(A, full, 0) == [] and not host.tier.holds(B)
+    assert host.tier.stats("shared:sys").resident_tokens == len(head)

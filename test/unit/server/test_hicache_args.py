@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from sglang_iso.server.args import plan_launch
-from sglang_iso.server.hicache_args import L3_DIR_ENV, UPSTREAM_DIR_ENV, plan_hicache
+from sglang_iso.server.hicache_args import (
+    DEFAULT_L3_MAX_GB,
+    L3_DIR_ENV,
+    L3_MAX_BYTES_ENV,
+    UPSTREAM_DIR_ENV,
+    plan_hicache,
+)
 
 HI = ["--model-path", "m", "--enable-hierarchical-cache"]
 
@@ -26,10 +32,28 @@ def test_file_backend_goes_to_our_store(tmp_path) -> None:  # type: ignore[no-un
             [*HI, *flags], cuda_available=True, tenants_file="t.toml", env={UPSTREAM_DIR_ENV: str(tmp_path)}
         )
         assert "--hicache-storage-backend" not in " ".join(argv) and "file" not in argv
-        assert env == [(L3_DIR_ENV, str(tmp_path.resolve()))]
+        assert env == [(L3_DIR_ENV, str(tmp_path.resolve())), (L3_MAX_BYTES_ENV, str(int(DEFAULT_L3_MAX_GB) << 30))]
     plan = plan_launch([*HI, "--hicache-storage-backend", "file", "--tenants-file", "t.toml"], cuda_available=True)
     assert "--hicache-storage-backend" not in plan.sglang_argv
     assert dict(plan.env_added)[L3_DIR_ENV] == "/tmp/hicache"
+    capped = plan_launch(
+        [*HI, "--hicache-storage-backend", "file", "--tenants-file", "t.toml", "--iso-l3-max-gb", "0.5"],
+        cuda_available=True,
+    )
+    assert dict(capped.env_added)[L3_MAX_BYTES_ENV] == str(1 << 29)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "nan", "inf"])
+def test_l3_cap_must_be_a_positive_size(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*HI, "--hicache-storage-backend", "file", "--tenants-file", "t.toml", "--iso-l3-max-gb", value]
+    with pytest.raises(SystemExit):
+        plan_launch(argv, cuda_available=True)
+    assert "--iso-l3-max-gb" in capsys.readouterr().err
+
+
+def test_l3_cap_without_l3_is_refused() -> None:
+    with pytest.raises(ValueError, match="--iso-l3-max-gb needs --hicache-storage-backend file"):
+        plan_launch([*HI, "--iso-l3-max-gb", "1"], cuda_available=True)
 
 
 @pytest.mark.parametrize(
@@ -44,3 +68,21 @@ def test_refusals_name_the_flag(argv: list[str], tenants: str | None, message: s
     with pytest.raises(ValueError, match=message) as err:
         plan_hicache(argv, cuda_available=True, tenants_file=tenants, env={})
     assert "--hicache-storage-backend" in str(err.value)
+
+
+def test_launcher_refuses_a_malformed_tier_quota_naming_the_field(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from sglang_iso.launch_server import main
+    from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+    (tmp_path / "s.key").write_text("ab" * 32)  # hex: 32 bytes
+    tenants = tmp_path / "t.toml"
+    tenants.write_text(
+        'namespace_secret_file = "s.key"\n[[tenants]]\nid = "acme"\n'
+        f'key_sha256 = ["{key_sha256(new_api_key())}"]\nl3_quota_tokens = "lots"\n'
+    )
+    argv = [*HI, "--hicache-storage-backend", "file", "--tenants-file", str(tenants), "--iso-dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tenants[0].l3_quota_tokens" in err and "got string" in err
+    tenants.write_text(tenants.read_text().replace('"lots"', "4096"))
+    assert main(argv) == 0  # control: the same file with a valid value starts

@@ -79,6 +79,17 @@ def test_minimal_file_defaults(write_tenants: WriteTenants) -> None:
     assert config.shared_prefixes == ()
     tenant = config.tenants["acme"]
     assert (tenant.quota_tokens, tenant.cache_policy, tenant.group) == (None, "private", None)
+    assert (tenant.host_quota_tokens, tenant.l3_quota_tokens) == (None, None)
+
+
+def test_tier_quotas_default_and_override(write_tenants: WriteTenants) -> None:
+    header = 'namespace_secret_file = "secret.key"\n'
+    inherited = load_tenants_file(write_tenants(ONE_TENANT + "quota_tokens = 500\n", header=header))
+    tenant = inherited.tenants["acme"]
+    assert (tenant.quota_tokens, tenant.host_quota_tokens, tenant.l3_quota_tokens) == (500, 500, None)
+    own = ONE_TENANT + "quota_tokens = 500\nhost_quota_tokens = 2000\nl3_quota_tokens = 9000\n"
+    tenant = load_tenants_file(write_tenants(own, header=header)).tenants["acme"]
+    assert (tenant.quota_tokens, tenant.host_quota_tokens, tenant.l3_quota_tokens) == (500, 2000, 9000)
 
 
 @pytest.mark.parametrize("encoding", ["raw", "hex", "hex-upper-newline", "base64", "base64-urlsafe-unpadded"])
@@ -261,6 +272,13 @@ FIELD_CASES = [
     pytest.param(ONE_TENANT + 'quota_tokens = "100"\n', "tenants[0].quota_tokens", "got string", id="quota-str"),
     pytest.param(ONE_TENANT + "quota_tokens = true\n", "tenants[0].quota_tokens", "got boolean", id="quota-bool"),
     pytest.param(ONE_TENANT + "quota_tokens = 1.5\n", "tenants[0].quota_tokens", "positive integer", id="quota-float"),
+    pytest.param(
+        ONE_TENANT + "host_quota_tokens = 0\n", "tenants[0].host_quota_tokens", "positive integer", id="host-quota-zero"
+    ),
+    pytest.param(
+        ONE_TENANT + 'l3_quota_tokens = "1G"\n', "tenants[0].l3_quota_tokens", "got string", id="l3-quota-str"
+    ),
+    pytest.param(ONE_TENANT + "l3_quota_tokens = -1\n", "tenants[0].l3_quota_tokens", "positive integer", id="l3-neg"),
     pytest.param(ONE_TENANT + 'cache = "group:"\n', "tenants[0].cache", "invalid cache policy", id="empty-group"),
     pytest.param(ONE_TENANT + 'cache = "group:Bad"\n', "tenants[0].cache", "invalid cache policy", id="bad-group"),
     pytest.param(ONE_TENANT + "cache = 1\n", "tenants[0].cache", "must be a string", id="cache-type"),

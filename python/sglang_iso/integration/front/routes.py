@@ -27,6 +27,8 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
             tenants[tenant.id] = {
                 "cache": tenant.cache_policy if tenant.group is None else f"group:{tenant.group}",
                 "quota_tokens": tenant.quota_tokens,
+                "host_quota_tokens": tenant.host_quota_tokens,
+                "l3_quota_tokens": tenant.l3_quota_tokens,
                 "ranks": [rank.get(owner, {}) for rank in per_rank],
             }
         # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
