@@ -15,6 +15,7 @@ from sglang_iso import observability
 from sglang_iso.integration import lora
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
+from sglang_iso.server.pd_rules import pd_role
 from sglang_iso.server.request_rules import Limits
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
@@ -80,7 +81,9 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         limits=_model_limits(tokenizer_manager),
         admission=admission,
         metrics_need_admin=os.environ.get(METRICS_AUTH_ENV, "admin") != "open",
-    )
+        pd=pd_role(getattr(server_args, "disaggregation_mode", None),
+                   getattr(server_args, "disaggregation_transfer_backend", None)),
+    )  # fmt: skip
     global _server_args
     _server_args = server_args
     _tagger = _make_tagger(config, server_args)
