@@ -149,7 +149,8 @@ def _install_reload(keys: ReloadableKeys, holder: _ConfigHolder, server_args: An
 
 
 def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> None:
-    """``GET /iso/tenants`` and ``POST /iso/flush`` (admin-only: the gate lets only admins reach /iso/*)."""
+    """``GET /iso/tenants``, ``POST /iso/flush``, ``GET /iso/check``, ``GET /iso/pd`` (transfer quarantine) and
+    ``POST /iso/pd/reclaim`` (admin-only: the gate lets only admins reach /iso/*)."""
     from fastapi.responses import ORJSONResponse
 
     from sglang_iso.integration.hooks import FLUSH_COMMAND
@@ -207,6 +208,19 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
         ok = bool(results) and all(results)
         return ORJSONResponse({"integrity_ok": ok}, status_code=200 if ok else 500)
 
+    async def iso_pd(command: str) -> Any:
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={command: 1}))
+        states = await tokenizer_manager.get_internal_state()
+        pd = [s.get("sglang_iso", {}).get("pd") for s in states]
+        ok = bool(results) and all(results)
+        return ORJSONResponse({"ok": ok, "pd": pd}, status_code=200 if ok else 409)
+
+    from sglang_iso.integration.hooks import PD_RECLAIM_COMMAND, PD_STATUS_COMMAND
+
+    app.add_api_route("/iso/pd", lambda: iso_pd(PD_STATUS_COMMAND), methods=["GET"])
+    app.add_api_route("/iso/pd/reclaim", lambda: iso_pd(PD_RECLAIM_COMMAND), methods=["POST"])
     app.add_api_route("/iso/check", iso_check, methods=["GET"])
     app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
     app.add_api_route("/iso/flush", iso_flush, methods=["POST"])

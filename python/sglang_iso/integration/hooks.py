@@ -61,9 +61,10 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
-    from sglang_iso.integration import spec_ngram
+    from sglang_iso.integration import pd_transfer, spec_ngram
 
     spec_ngram.install()
+    pd_transfer.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -110,6 +111,10 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         ngram = spec_ngram.status()
         if ngram is not None:
             report["ngram"] = ngram
+        from sglang_iso.integration import pd_transfer
+
+        if pd_transfer.ACTIVE is not None:
+            report["pd"] = pd_transfer.ACTIVE.status()
         state["sglang_iso"] = report
 
 
@@ -130,6 +135,10 @@ CHECK_COMMAND = "sglang_iso.check_integrity"
 # Test-only, refused unless SGLANG_ISO_TEST_PLANT_FOREIGN=1: the next forward of <tenant> gets a foreign slot
 # ("verify:<tenant>": its next speculative verify forward).
 PLANT_COMMAND = "sglang_iso.test_plant:"
+# PD transfers: "sglang_iso.pd_status" (no-op, the reply carries the state), "sglang_iso.pd_reclaim" (release the
+# pages of timed-out transfers, scrubbed), "sglang_iso.test_pd:<fault>" (test-only, see integration/pd_faults.py).
+PD_STATUS_COMMAND = "sglang_iso.pd_status"
+PD_RECLAIM_COMMAND = "sglang_iso.pd_reclaim"
 
 
 def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
@@ -143,6 +152,20 @@ def _arm_test_plant(tree_cache: Any, tenant: str) -> bool:
     return True
 
 
+def _pd_command(key: str) -> bool:
+    from sglang_iso.integration import pd_faults, pd_transfer
+
+    guard = pd_transfer.ACTIVE
+    if guard is None:
+        return False
+    if key == PD_RECLAIM_COMMAND:
+        guard.reclaim()
+        return True
+    if key.startswith(pd_faults.COMMAND):
+        return pd_faults.handle(key[len(pd_faults.COMMAND) :])
+    return True
+
+
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
     requested = getattr(recv_req, "server_args", None) or {}
@@ -150,7 +173,10 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         k
         for k in requested
         if isinstance(k, str)
-        and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND)) or k == CHECK_COMMAND)
+        and (
+            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND, PLANT_COMMAND, "sglang_iso.test_pd:"))
+            or k in (CHECK_COMMAND, PD_STATUS_COMMAND, PD_RECLAIM_COMMAND)
+        )
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
@@ -170,6 +196,9 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             continue
         if key.startswith(PLANT_COMMAND):
             ok = ok and _arm_test_plant(tree_cache, key[len(PLANT_COMMAND) :])
+            continue
+        if key in (PD_STATUS_COMMAND, PD_RECLAIM_COMMAND) or key.startswith("sglang_iso.test_pd:"):
+            ok = ok and _pd_command(key)
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         from sglang_iso.integration.spec_ngram import flush_tenant

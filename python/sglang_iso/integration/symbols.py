@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sglang_iso.integration.symbols_pd import PD_SYMBOLS
+
 PINNED_SGLANG_VERSION = "0.5.23"
 
 
@@ -387,6 +389,8 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "evict before a host load-back only when the pool is short",
     ),
 )
+
+HOOKED_SYMBOLS += tuple(HookedSymbol(*entry) for entry in PD_SYMBOLS)
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
 REQUIRED_HOOK_TARGETS: tuple[str, ...] = (

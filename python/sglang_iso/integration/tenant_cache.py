@@ -102,6 +102,7 @@ class TenantRadixCache(BasePrefixCache):
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
+        self.pd_guard: Any = None  # PdGuard on a prefill/decode worker (set by the factory)
         self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
         self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
         # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies

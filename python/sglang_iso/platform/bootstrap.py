@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sglang_iso.platform import cpu, hicache_cpu, lora_cpu
+from sglang_iso.platform import cpu, hicache_cpu, lora_cpu, pd_cpu
 
 
 def apply() -> None:
@@ -12,6 +12,7 @@ def apply() -> None:
     cpu.apply()
     lora_cpu.apply()
     hicache_cpu.apply()
+    pd_cpu.apply()
 
 
 def cuda_available() -> bool:

@@ -1,0 +1,135 @@
+"""Test-only fault injection for PD transfers (refused unless ``SGLANG_ISO_TEST_PD_FAULTS=1``).
+
+Stands in for a misbehaving peer or transport, so the quarantine and the tag
+check run in the real schedulers (armed with ``sglang_iso.test_pd:<fault>``):
+
+* ``forge`` (on a prefill worker): the next transfer is tagged for another
+  namespace, as if another tenant's KV had been sent to the decode;
+* with SGLang's ``fake`` backend (a decode worker without a prefill, no KV
+  moves), every transfer gets the tag a correct prefill would write, and
+  ``forge`` armed on the decode worker tags the next one for another namespace;
+* ``stall`` (on a decode worker): the next transfer never completes; when it is aborted, its pages
+  are poisoned (a write landing after the abort, as in the incident) and no
+  drain is ever reported, so the pages time out and stay quarantined;
+* ``check_poison``: True while every quarantined page of a stalled transfer
+  still holds the poison (none was handed out and overwritten or scrubbed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FAULTS_ENV = "SGLANG_ISO_TEST_PD_FAULTS"
+COMMAND = "sglang_iso.test_pd:"
+FORGED_NAMESPACE = "sglang-iso/test/forged-namespace"
+POISON = 1000.0
+FAULTS = ("forge", "stall", "check_poison")
+
+_armed: set[str] = set()
+_tagged: set[str] = set()  # transfer keys whose fake metadata carries a tag
+_stalled: dict[str, list[int]] = {}  # transfer key -> its pages (poisoned once aborted)
+
+
+def enabled() -> bool:
+    return os.environ.get(FAULTS_ENV) == "1"
+
+
+def handle(fault: str) -> bool:
+    """Arm ``fault`` (or run ``check_poison``); False when refused."""
+    if not enabled() or fault not in FAULTS:
+        logger.warning("sglang-iso: test PD fault %r refused (not enabled or unknown)", fault)
+        return False
+    if fault == "check_poison":
+        return poison_intact()
+    _armed.add(fault)
+    return True
+
+
+def prefill_namespace(namespace: str | None) -> str | None:
+    """Prefill: the namespace to tag a transfer with (another one once ``forge`` is armed)."""
+    if enabled() and "forge" in _armed:
+        _armed.discard("forge")
+        return FORGED_NAMESPACE
+    return namespace
+
+
+def after_metadata_sent(guard: Any, queue: Any, decode_req: Any, key: str) -> None:
+    """Decode, after the destination pages were published: play a fake prefill's part; arm a stall."""
+    receiver = decode_req.kv_receiver
+    if not enabled():
+        return
+    if type(receiver).__name__ == "FakeKVReceiver":
+        req = decode_req.req
+        namespace = prefill_namespace(getattr(req, "extra_key", None))
+        guard.write_tag(queue.metadata_buffers.bootstrap_room, decode_req.metadata_buffer_index, namespace,
+                        int(req.bootstrap_room))  # fmt: skip
+        _tagged.add(key)
+    if "stall" in _armed:
+        _armed.discard("stall")
+        _stalled[key] = sorted(guard.quarantine._transfers[key].pages)
+        original_poll = receiver.poll
+
+        def stalled_poll() -> Any:
+            from sglang.srt.disaggregation.base.conn import KVPoll
+
+            if receiver.conclude_state is None:
+                return KVPoll.Transferring
+            return original_poll()
+
+        receiver.poll = stalled_poll
+
+
+def fake_tagged(decode_req: Any) -> bool:
+    from sglang_iso.integration.pd_transfer import transfer_key
+
+    return transfer_key(decode_req.req) in _tagged
+
+
+def probe_override(key: str) -> Any:
+    """A probe that never reports a drain for a stalled transfer (and poisons its pages now), else None."""
+    pages = _stalled.get(key)
+    if pages is None:
+        return None
+    from sglang_iso.integration import pd_transfer
+
+    guard = pd_transfer.ACTIVE
+    if guard is not None:
+        _poison(guard, pages)
+    return lambda: None
+
+
+def poison_intact() -> bool:
+    from sglang_iso.integration import pd_transfer
+
+    guard = pd_transfer.ACTIVE
+    if guard is None or not _stalled:
+        return False
+    for key, pages in _stalled.items():
+        if key not in guard.quarantine._transfers:
+            continue  # reclaimed: scrubbed on release, nothing to check
+        for buf in _buffers(guard):
+            for page in pages:
+                rows = buf[page * guard.page_size : (page + 1) * guard.page_size]
+                if not bool(torch.all(rows == POISON)):
+                    logger.error("sglang-iso: quarantined page %d of %s lost its poison", page, key)
+                    return False
+    return True
+
+
+def _poison(guard: Any, pages: list[int]) -> None:
+    for buf in _buffers(guard):
+        for page in pages:
+            buf[page * guard.page_size : (page + 1) * guard.page_size] = POISON
+    logger.warning("sglang-iso: test fault: %d pages written after their transfer was aborted", len(pages))
+
+
+def _buffers(guard: Any) -> list[torch.Tensor]:
+    from sglang_iso.integration.scrub import kv_buffers
+
+    return [b for b in kv_buffers(guard.allocator.get_kvcache()) if b.is_floating_point()]
