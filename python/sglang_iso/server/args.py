@@ -139,6 +139,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         added += pool
         env_added += _cpu_bind_default(sglang_argv, env or {})
     _refuse_uncovered(sglang_argv)
+    from sglang_iso.server.pd_args import pd_defaults
+
+    pd_added = pd_defaults(sglang_argv)
+    sglang_argv += pd_added
+    added += pd_added
     from sglang_iso.server.hicache_args import plan_hicache
 
     sglang_argv, hicache_added, hicache_env = plan_hicache(

@@ -48,9 +48,26 @@ def refuse_uncovered_pd(argv: Sequence[str]) -> None:
     for flag, why in UNCOVERED_PD_FLAGS.items():
         if has_flag(argv, flag):
             raise ValueError(f"{flag} is not supported by sglang-iso: {why}")
+    if flag_value(argv, "--disaggregation-decode-retraction-backup") == "host_pool":
+        raise ValueError(
+            "--disaggregation-decode-retraction-backup host_pool is not supported by sglang-iso: it needs SGLang's "
+            "own tree cache (use cpu_tensor, the sglang-iso default, or none)"
+        )
     threshold = flag_value(argv, "--disaggregation-decode-host-receive-threshold")
     if threshold is not None and threshold not in ("1", "1.0"):
         raise ValueError(
             "--disaggregation-decode-host-receive-threshold is not supported by sglang-iso: "
             "host-staged transfers land outside the quarantined device pages"
         )
+
+
+def pd_defaults(argv: Sequence[str]) -> list[str]:
+    """Flags a PD worker gets unless set: a decode worker keeps retracted requests' KV in per-request CPU tensors.
+
+    NOTE: SGLang would pick ``host_pool``, which needs its own tree cache (refused above).
+    """
+    if flag_value(argv, "--disaggregation-mode") != "decode":
+        return []
+    if has_flag(argv, "--disaggregation-decode-retraction-backup"):
+        return []
+    return ["--disaggregation-decode-retraction-backup", "cpu_tensor"]

@@ -163,6 +163,7 @@ PD = ["--model-path", "m", "--tenants-file", "t.toml"]
         (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"], "radix-cache"),
         (["--disaggregation-mode", "decode", "--disaggregation-decode-host-receive-threshold", "0.5"], "threshold"),
         (["--disaggregation-mode", "prefill", "--enable-pd-role-switch"], "role-switch"),
+        (["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "host_pool"], "host_pool"),
     ],
 )
 def test_uncovered_disaggregation_is_refused_by_name(argv: list[str], named: str) -> None:
@@ -177,6 +178,8 @@ def test_covered_disaggregation_is_served() -> None:
     with pytest.raises(ValueError, match="needs --tenants-file"):
         plan_launch(["--model-path", "m", "--kv-owner-check", "off", "--disaggregation-mode", "prefill"],
                     cuda_available=True)  # fmt: skip
+    decode = plan_launch([*PD, "--disaggregation-mode", "decode", "--kv-owner-check", "off"], cuda_available=True)
+    assert decode.sglang_argv[decode.sglang_argv.index("--disaggregation-decode-retraction-backup") + 1] == "cpu_tensor"
     with pytest.raises(ValueError, match="SGLANG_DISAGG_STAGING_BUFFER"):
         plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=True,
                     env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})  # fmt: skip
