@@ -219,8 +219,14 @@ def _add_iso_routes(app: Any, tokenizer_manager: Any, holder: _ConfigHolder) -> 
 
     from sglang_iso.integration.hooks import PD_RECLAIM_COMMAND, PD_STATUS_COMMAND
 
-    app.add_api_route("/iso/pd", lambda: iso_pd(PD_STATUS_COMMAND), methods=["GET"])
-    app.add_api_route("/iso/pd/reclaim", lambda: iso_pd(PD_RECLAIM_COMMAND), methods=["POST"])
+    async def iso_pd_status() -> Any:
+        return await iso_pd(PD_STATUS_COMMAND)
+
+    async def iso_pd_reclaim() -> Any:
+        return await iso_pd(PD_RECLAIM_COMMAND)
+
+    app.add_api_route("/iso/pd", iso_pd_status, methods=["GET"])
+    app.add_api_route("/iso/pd/reclaim", iso_pd_reclaim, methods=["POST"])
     app.add_api_route("/iso/check", iso_check, methods=["GET"])
     app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
     app.add_api_route("/iso/flush", iso_flush, methods=["POST"])

@@ -281,13 +281,30 @@ def _before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) 
 
 
 def _prefill_probe(req: Any) -> Any:
-    """NOTE: a fake sender moves nothing, so it is drained at once; SGLang's prefill has no drain signal."""
-    sender = getattr(req, "disagg_kv_sender", None)
-    if type(sender).__name__ == "FakeKVSender":
-        return lambda: True
+    """When the engine will not read the request's pages again; None when unknown (the pages time out)."""
     from sglang_iso.integration import pd_faults
 
-    return pd_faults.probe_override(transfer_key(req))
+    key = transfer_key(req)
+    override = pd_faults.probe_override(key)
+    if override is not None:
+        return override
+    sender = getattr(req, "disagg_kv_sender", None)
+    if type(sender).__name__ == "FakeKVSender":
+        return lambda: True  # NOTE: a fake sender moves nothing
+    mgr = getattr(sender, "kv_mgr", None)
+    if mgr is None or not hasattr(mgr, "_staging_outstanding"):
+        return None
+    room = req.bootstrap_room
+    return lambda: prefill_room_idle(mgr, room)
+
+
+def prefill_room_idle(mgr: Any, room: int) -> bool:
+    """SGLang's own drain predicate (``CommonKVManager._maybe_ack_drained_abort``): the room is failed (or gone),
+    so a chunk still queued is skipped unread, and no dequeued chunk is in flight (counted at dequeue)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    failed = room not in mgr.request_status or mgr.check_status(room) == KVPoll.Failed
+    return bool(failed and mgr._staging_outstanding.get(room, 0) <= 0)
 
 
 def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:

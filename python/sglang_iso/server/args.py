@@ -141,7 +141,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     _refuse_uncovered(sglang_argv)
     from sglang_iso.server.pd_args import pd_defaults
 
-    pd_added = pd_defaults(sglang_argv)
+    pd_added = pd_defaults(sglang_argv, cuda_available=cuda_available)
     sglang_argv += pd_added
     added += pd_added
     from sglang_iso.server.hicache_args import plan_hicache

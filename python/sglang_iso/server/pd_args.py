@@ -61,13 +61,17 @@ def refuse_uncovered_pd(argv: Sequence[str]) -> None:
         )
 
 
-def pd_defaults(argv: Sequence[str]) -> list[str]:
-    """Flags a PD worker gets unless set: a decode worker keeps retracted requests' KV in per-request CPU tensors.
+def pd_defaults(argv: Sequence[str], *, cuda_available: bool) -> list[str]:
+    """Flags a PD worker gets unless set.
 
-    NOTE: SGLang would pick ``host_pool``, which needs its own tree cache (refused above).
+    * decode: retracted requests' KV goes to per-request CPU tensors (NOTE: SGLang would pick ``host_pool``,
+      which needs its own tree cache, refused above);
+    * prefill without CUDA: no overlap scheduler (NOTE: its early send of a cached prefix records a CUDA
+      event on the forward stream, which stops a CPU scheduler).
     """
-    if flag_value(argv, "--disaggregation-mode") != "decode":
-        return []
-    if has_flag(argv, "--disaggregation-decode-retraction-backup"):
-        return []
-    return ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    mode = flag_value(argv, "--disaggregation-mode")
+    if mode == "decode" and not has_flag(argv, "--disaggregation-decode-retraction-backup"):
+        return ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    if mode == "prefill" and not cuda_available and not has_flag(argv, "--disable-overlap-schedule"):
+        return ["--disable-overlap-schedule"]
+    return []

@@ -180,6 +180,8 @@ def test_covered_disaggregation_is_served() -> None:
                     cuda_available=True)  # fmt: skip
     decode = plan_launch([*PD, "--disaggregation-mode", "decode", "--kv-owner-check", "off"], cuda_available=True)
     assert decode.sglang_argv[decode.sglang_argv.index("--disaggregation-decode-retraction-backup") + 1] == "cpu_tensor"
+    prefill = plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=False)
+    assert "--disable-overlap-schedule" in prefill.added
     with pytest.raises(ValueError, match="SGLANG_DISAGG_STAGING_BUFFER"):
         plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=True,
                     env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})  # fmt: skip
