@@ -76,7 +76,6 @@ def _router(argv: list[str]) -> int:
 
     With ``--pd-disaggregation --tenants-file``: behind sglang-iso's front gate (``server/pd_router.py``).
     """
-    import runpy
 
     if "--pd-disaggregation" in argv and any(a == "--tenants-file" or a.startswith("--tenants-file=") for a in argv):
         from sglang_iso.server.pd_router import run
@@ -86,6 +85,12 @@ def _router(argv: list[str]) -> int:
         print("sglang-iso router: --pd-disaggregation needs --tenants-file (workers accept only the router key)",
               file=sys.stderr)  # fmt: skip
         return 2
+    return run_plain_router(argv)
+
+
+def run_plain_router(argv: list[str]) -> int:
+    """sglang-router's own launcher, unchanged (the front gate starts it through this)."""
+    import runpy
 
     sys.argv = ["sglang-iso router", *argv]
     runpy.run_module("sglang_router.launch_router", run_name="__main__", alter_sys=True)

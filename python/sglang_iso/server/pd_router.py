@@ -76,8 +76,9 @@ def run(argv: list[str]) -> int:
         )
     inner = free_port()
     # NOTE: sglang-router takes its key only on the command line; it listens on loopback only.
-    cmd = [sys.executable, "-m", "sglang_iso.cli", "router", "--host", "127.0.0.1", "--port", str(inner),
-           "--api-key", key, *ours.rest]  # fmt: skip
+    launcher = "import sys; from sglang_iso.cli import run_plain_router; sys.exit(run_plain_router(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", launcher, "--host", "127.0.0.1", "--port", str(inner), "--api-key", key,
+           *ours.rest]  # fmt: skip
     router = subprocess.Popen(cmd)
     try:
         app = TenantGate(RouterProxy(f"http://127.0.0.1:{inner}", key), ReloadableKeys(index))
