@@ -76,6 +76,8 @@ def pd(tenants_file: Path, keys: dict[str, str]) -> Iterator[dict[str, ServerPro
         "--prefill", servers["prefill"].base_url, str(bootstrap), "--decode", servers["decode"].base_url,
         "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
         "--request-timeout-secs", "60", "--log-level", "warn",
+        # NOTE: a refused transfer must reach the client, not be retried on a fresh room (or open the breaker).
+        "--disable-retries", "--disable-circuit-breaker",
     ]  # fmt: skip
     servers["router"] = ServerProcess(argv, port, env={**PD_ENV, "SGLANG_ISO_ROUTER_KEY": keys["router"]})
     try:
@@ -125,7 +127,8 @@ def pd_state(server: ServerProcess, admin_key: str) -> dict[str, Any]:
 def command(server: ServerProcess, admin_key: str, name: str) -> bool:
     status, out = server.post("/set_internal_state", {"server_args": {name: 1}}, headers=auth(admin_key))
     assert status == 200, out
-    return bool(out.get("updated")) if isinstance(out, dict) else bool(out[0]["updated"])
+    replies = out if isinstance(out, list) else [out]  # one reply per scheduler: a bool or {"updated": bool}
+    return bool(replies) and all(r.get("updated") if isinstance(r, dict) else r is True for r in replies)
 
 
 def test_workers_refuse_tenants_without_the_router(pd: dict[str, ServerProcess], keys: dict[str, str]) -> None:

@@ -153,6 +153,10 @@ class PageQuarantine:
         """Every page some transfer may still touch (the allocator must not hand these out)."""
         return set(self._fences)
 
+    def held_count(self) -> int:
+        """Pages freed by their owner and held back (not in the allocator's free list)."""
+        return len(self._held)
+
     def hold_all_fenced(self) -> None:
         """The pool was cleared (every page freed at once): fenced pages count as freed and stay held."""
         self._held |= set(self._fences)

@@ -189,6 +189,10 @@ class PdGuard:
         logger.warning("sglang-iso: reclaimed %d quarantined pages of timed-out transfers (scrubbed)", len(pages))
         return len(pages)
 
+    def held_tokens(self) -> int:
+        """KV slots held back from the allocator (counted as protected by the tenant cache)."""
+        return self.quarantine.held_count() * self.page_size
+
     def drained_probe(self, key: str) -> Any:
         def probe() -> bool:
             if key in self._drained_keys:

@@ -241,6 +241,9 @@ class TenantRadixCache(BasePrefixCache):
         # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache,
         # so SGLang's idle accounting (available + evictable + protected == total) still balances.
         reserved = self.owners.page_size if self.owners is not None else 0
+        # Likewise pages a PD transfer may still touch, freed by their owner but held back (quarantined).
+        if self.pd_guard is not None:
+            reserved += self.pd_guard.held_tokens()
         return self.tree.protected_size() + reserved
 
     def total_size(self) -> int:
