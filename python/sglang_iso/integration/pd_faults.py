@@ -5,9 +5,6 @@ check run in the real schedulers (armed with ``sglang_iso.test_pd:<fault>``):
 
 * ``forge`` (on a prefill worker): the next transfer is tagged for another
   namespace, as if another tenant's KV had been sent to the decode;
-* with SGLang's ``fake`` backend (a decode worker without a prefill, no KV
-  moves), every transfer gets the tag a correct prefill would write, and
-  ``forge`` armed on the decode worker tags the next one for another namespace;
 * ``stall`` (on a decode worker): the next transfer never completes; when it is aborted, its pages
   are poisoned (a write landing after the abort, as in the incident) and no
   drain is ever reported, so the pages time out and stay quarantined;
@@ -32,7 +29,6 @@ POISON = 1000.0
 FAULTS = ("forge", "stall", "check_poison")
 
 _armed: set[str] = set()
-_tagged: set[str] = set()  # transfer keys whose fake metadata carries a tag
 _stalled: dict[str, list[int]] = {}  # transfer key -> its pages (poisoned once aborted)
 
 
@@ -59,17 +55,11 @@ def prefill_namespace(namespace: str | None) -> str | None:
     return namespace
 
 
-def after_metadata_sent(guard: Any, queue: Any, decode_req: Any, key: str) -> None:
-    """Decode, after the destination pages were published: play a fake prefill's part; arm a stall."""
+def after_metadata_sent(guard: Any, decode_req: Any, key: str) -> None:
+    """Decode, after the destination pages were published: arm a stall."""
     receiver = decode_req.kv_receiver
     if not enabled():
         return
-    if type(receiver).__name__ == "FakeKVReceiver":
-        req = decode_req.req
-        namespace = prefill_namespace(getattr(req, "extra_key", None))
-        guard.write_tag(queue.metadata_buffers.bootstrap_room, decode_req.metadata_buffer_index, namespace,
-                        int(req.bootstrap_room))  # fmt: skip
-        _tagged.add(key)
     if "stall" in _armed:
         _armed.discard("stall")
         _stalled[key] = sorted(guard.quarantine._transfers[key].pages)
@@ -83,12 +73,6 @@ def after_metadata_sent(guard: Any, queue: Any, decode_req: Any, key: str) -> No
             return original_poll()
 
         receiver.poll = stalled_poll
-
-
-def fake_tagged(decode_req: Any) -> bool:
-    from sglang_iso.integration.pd_transfer import transfer_key
-
-    return transfer_key(decode_req.req) in _tagged
 
 
 def probe_override(key: str) -> Any:

@@ -330,7 +330,7 @@ def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indice
     guard.fence(key, kv_indices)
     from sglang_iso.integration import pd_faults
 
-    pd_faults.after_metadata_sent(guard, queue, decode_req, key)
+    pd_faults.after_metadata_sent(guard, decode_req, key)
 
 
 def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -352,12 +352,8 @@ def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwa
 
 
 def _must_check_tag(decode_req: Any) -> bool:
-    """Every real transfer; a fake one (no KV moves) only when the test harness wrote a tag for it."""
-    if type(decode_req.kv_receiver).__name__ != "FakeKVReceiver":
-        return True
-    from sglang_iso.integration import pd_faults
-
-    return pd_faults.fake_tagged(decode_req)
+    """Every real transfer; not SGLang's own fake ones (warmup and health checks: no KV moves, no prefill)."""
+    return type(decode_req.kv_receiver).__name__ != "FakeKVReceiver"
 
 
 def _refuse_transfer(guard: PdGuard, decode_req: Any) -> None:

@@ -3,10 +3,10 @@
 Covered (transfer quarantine and tenant tag, ``integration/pd_transfer.py``):
 
 * ``--disaggregation-mode prefill`` and ``decode`` with ``--disaggregation-transfer-backend
-  mooncake`` or ``mooncake_tcp`` (Mooncake's decode-side drain acknowledgements are read);
-* ``--disaggregation-mode decode`` with the ``fake`` backend (moves no KV; for tests and benchmarks).
+  mooncake`` or ``mooncake_tcp`` (Mooncake's drain signals are read on both sides).
 
-Refused: other transfer backends (their drain signals are not reviewed), and PD features that move
+Refused: other transfer backends (their drain signals are not reviewed; ``fake`` moves no KV, so a decode
+worker would compute from pages no prefill wrote), and PD features that move
 or keep KV outside the quarantined device pages (decode radix cache, host staging and offload,
 role switching, the staging buffer).
 """
@@ -19,7 +19,7 @@ from sglang_iso.server.argv import flag_value, has_flag
 
 COVERED_BACKENDS: dict[str, tuple[str, ...]] = {
     "prefill": ("mooncake", "mooncake_tcp"),
-    "decode": ("mooncake", "mooncake_tcp", "fake"),
+    "decode": ("mooncake", "mooncake_tcp"),
 }
 # PD flags whose KV lives outside the quarantined device pages: flag -> why.
 UNCOVERED_PD_FLAGS: dict[str, str] = {

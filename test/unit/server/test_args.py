@@ -159,6 +159,7 @@ PD = ["--model-path", "m", "--tenants-file", "t.toml"]
         (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"], "backend nixl"),
         (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "fake"], "backend fake"),
         (["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mori"], "backend mori"),
+        (["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"], "backend fake"),
         (["--disaggregation-mode", "encode"], "--disaggregation-mode encode"),
         (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"], "radix-cache"),
         (["--disaggregation-mode", "decode", "--disaggregation-decode-host-receive-threshold", "0.5"], "threshold"),
@@ -172,7 +173,7 @@ def test_uncovered_disaggregation_is_refused_by_name(argv: list[str], named: str
 
 
 def test_covered_disaggregation_is_served() -> None:
-    for mode, backend in (("prefill", "mooncake_tcp"), ("decode", "mooncake"), ("decode", "fake")):
+    for mode, backend in (("prefill", "mooncake_tcp"), ("decode", "mooncake"), ("prefill", "mooncake")):
         argv = [*PD, "--kv-owner-check", "off", "--disaggregation-mode", mode]
         assert plan_launch([*argv, "--disaggregation-transfer-backend", backend], cuda_available=True).sglang_argv
     with pytest.raises(ValueError, match="needs --tenants-file"):
