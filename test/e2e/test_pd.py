@@ -212,3 +212,29 @@ def _until(check: Any, what: str, timeout_s: float = 60.0) -> None:
             return
         time.sleep(0.3)
     raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
+
+
+def test_prefill_abort_keeps_pages_quarantined_through_a_tenant_flush(
+    pd: dict[str, ServerProcess], keys: dict[str, str]
+) -> None:
+    """The incident's prefill half: an aborted request's pages may still be read by the engine."""
+    admin, prefill = keys["admin"], pd["prefill"]
+    prompts = [long_prompt() for _ in range(2)]
+    references = [ok(pd["router"], keys["globex"], p)["output_ids"] for p in prompts]
+    assert command(prefill, admin, "sglang_iso.test_pd:stall")
+    stalled = threading.Thread(target=generate, args=(pd["router"], keys["acme"], long_prompt()), kwargs={"rid": "ps"})
+    stalled.start()
+    _until(lambda: pd_state(prefill, admin)["transfers_in_flight"] > 0, "the stalled prefill transfer")
+    assert prefill.post("/abort_request", {"rid": "acme.ps"}, headers=auth(admin))[0] == 200
+    stalled.join(CLIENT_TIMEOUT_S)
+    _until(lambda: pd_state(prefill, admin)["transfers_timed_out"] == 1, "the prefill drain timeout")
+    # The aborted request's KV went to acme's cache; flushing acme frees it, but the quarantine holds it back.
+    status, out = prefill.post("/iso/flush", {"tenant": "acme"}, headers=auth(admin))
+    assert status == 200 and out["flushed"], out
+    state = pd_state(prefill, admin)
+    assert state["quarantined_pages"] > 0, state
+    for prompt, reference in zip(prompts, references, strict=True):
+        assert ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
+    assert command(prefill, admin, "sglang_iso.test_pd:check_poison")  # none of them was handed out
+    status, out = prefill.post("/iso/pd/reclaim", {}, headers=auth(admin))
+    assert status == 200 and out["pd"][0]["quarantined_pages"] == 0, out

@@ -5,7 +5,7 @@ check run in the real schedulers (armed with ``sglang_iso.test_pd:<fault>``):
 
 * ``forge`` (on a prefill worker): the next transfer is tagged for another
   namespace, as if another tenant's KV had been sent to the decode;
-* ``stall`` (on a decode worker): the next transfer never completes; when it is aborted, its pages
+* ``stall`` (decode or prefill worker): the next transfer never completes; when it is aborted, its pages
   are poisoned (a write landing after the abort, as in the incident) and no
   drain is ever reported, so the pages time out and stay quarantined;
 * ``check_poison``: True while every quarantined page of a stalled transfer
@@ -55,24 +55,26 @@ def prefill_namespace(namespace: str | None) -> str | None:
     return namespace
 
 
-def after_metadata_sent(guard: Any, decode_req: Any, key: str) -> None:
-    """Decode, after the destination pages were published: arm a stall."""
-    receiver = decode_req.kv_receiver
-    if not enabled():
+def after_fence(guard: Any, endpoint: Any, key: str) -> None:
+    """After a transfer's pages were fenced (decode: published; prefill: a chunk sent): arm a stall.
+
+    ``endpoint`` is the request's KV receiver (decode) or sender (prefill): its poll reports the transfer as
+    still running until it is aborted.
+    """
+    if not enabled() or "stall" not in _armed or key in _stalled:
         return
-    if "stall" in _armed:
-        _armed.discard("stall")
-        _stalled[key] = sorted(guard.quarantine._transfers[key].pages)
-        original_poll = receiver.poll
+    _armed.discard("stall")
+    _stalled[key] = sorted(guard.quarantine._transfers[key].pages)
+    original_poll = endpoint.poll
 
-        def stalled_poll() -> Any:
-            from sglang.srt.disaggregation.base.conn import KVPoll
+    def stalled_poll() -> Any:
+        from sglang.srt.disaggregation.base.conn import KVPoll
 
-            if receiver.conclude_state is None:
-                return KVPoll.Transferring
-            return original_poll()
+        if endpoint.conclude_state is None:
+            return KVPoll.Transferring
+        return original_poll()
 
-        receiver.poll = stalled_poll
+    endpoint.poll = stalled_poll
 
 
 def probe_override(key: str) -> Any:

@@ -261,6 +261,9 @@ def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **
     if sent > 0:
         row = _scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :sent]
         guard.fence(transfer_key(req), row)
+        from sglang_iso.integration import pd_faults
+
+        pd_faults.after_fence(guard, req.disagg_kv_sender, transfer_key(req))
 
 
 def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -330,7 +333,7 @@ def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indice
     guard.fence(key, kv_indices)
     from sglang_iso.integration import pd_faults
 
-    pd_faults.after_metadata_sent(guard, decode_req, key)
+    pd_faults.after_fence(guard, decode_req.kv_receiver, key)
 
 
 def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
