@@ -86,3 +86,20 @@ def test_control_without_the_guard_the_page_comes_straight_back() -> None:
     slots = allocator.alloc(2)  # type: ignore[attr-defined]
     allocator.free(slots)  # type: ignore[attr-defined]
     assert set(slots.tolist()) <= set(drain_pool(allocator))
+
+
+def test_prefill_drain_predicate_is_sglangs() -> None:
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_iso.integration.pd_transfer import prefill_room_idle
+
+    def mgr(status: KVPoll | None, outstanding: int) -> SimpleNamespace:
+        rooms = {} if status is None else {9: status}
+        return SimpleNamespace(request_status=rooms, check_status=rooms.get, _staging_outstanding={9: outstanding})
+
+    assert prefill_room_idle(mgr(KVPoll.Failed, 0), 9)  # aborted, nothing in flight: queued chunks are skipped
+    assert prefill_room_idle(mgr(None, 0), 9)  # room already torn down
+    assert not prefill_room_idle(mgr(KVPoll.Failed, 1), 9)  # a chunk is being written right now
+    assert not prefill_room_idle(mgr(KVPoll.Transferring, 0), 9)  # not failed: chunks may still be read
