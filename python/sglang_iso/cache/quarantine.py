@@ -153,6 +153,16 @@ class PageQuarantine:
         """Every page some transfer may still touch (the allocator must not hand these out)."""
         return set(self._fences)
 
+    def in_flight(self, key: str) -> bool:
+        """True while ``key`` is fenced and has neither succeeded nor failed."""
+        transfer = self._transfers.get(key)
+        return transfer is not None and transfer.state is TransferState.IN_FLIGHT
+
+    def pages_of(self, key: str) -> frozenset[int] | None:
+        """The pages ``key`` still fences, or None once it let go of them."""
+        transfer = self._transfers.get(key)
+        return None if transfer is None else frozenset(transfer.pages)
+
     def held_count(self) -> int:
         """Pages freed by their owner and held back (not in the allocator's free list)."""
         return len(self._held)

@@ -64,7 +64,7 @@ def after_fence(guard: Any, endpoint: Any, key: str) -> None:
     if not enabled() or "stall" not in _armed or key in _stalled:
         return
     _armed.discard("stall")
-    _stalled[key] = sorted(guard.quarantine._transfers[key].pages)
+    _stalled[key] = sorted(guard.quarantine.pages_of(key) or ())
     original_poll = endpoint.poll
 
     def stalled_poll() -> Any:
@@ -97,7 +97,7 @@ def poison_intact() -> bool:
     if guard is None or not _stalled:
         return False
     for key, pages in _stalled.items():
-        if key not in guard.quarantine._transfers:
+        if guard.quarantine.pages_of(key) is None:
             continue  # reclaimed: scrubbed on release, nothing to check
         for buf in _buffers(guard):
             for page in pages:

@@ -193,6 +193,10 @@ class PdGuard:
         """KV slots held back from the allocator (counted as protected by the tenant cache)."""
         return self.quarantine.held_count() * self.page_size
 
+    def note_drained(self, key: str) -> None:
+        """Decode: the prefill acknowledged that it will not write ``key``'s pages again."""
+        self._drained_keys.add(key)
+
     def drained_probe(self, key: str) -> Any:
         def probe() -> bool:
             if key in self._drained_keys:
@@ -271,8 +275,7 @@ def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
     if guard is None:
         return
     for req in done or ():
-        state = guard.quarantine._transfers.get(transfer_key(req))
-        if state is not None and state.state.value == "in_flight":
+        if guard.quarantine.in_flight(transfer_key(req)):
             guard.succeeded(transfer_key(req))
     guard.tick()
 
@@ -407,7 +410,7 @@ def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -
     except Exception:  # NOTE: no drain evidence: the pages stay quarantined (fail closed)
         drained = False
     if drained:
-        guard._drained_keys.add(transfer_key(decode_req.req))
+        guard.note_drained(transfer_key(decode_req.req))
 
 
 def _after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:

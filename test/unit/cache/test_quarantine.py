@@ -34,8 +34,10 @@ def test_free_while_in_flight_is_held_until_success() -> None:
 def test_success_before_the_free_hands_back_nothing() -> None:
     q, _ = make()
     q.fence("r1", [5])
+    assert q.in_flight("r1") and q.pages_of("r1") == frozenset({5})
     assert q.succeeded("r1") == []
     assert q.divert([5]) == [5]  # no longer fenced: freed as usual
+    assert not q.in_flight("r1") and q.pages_of("r1") is None
 
 
 def test_abort_keeps_pages_until_drained() -> None:
