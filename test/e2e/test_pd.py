@@ -139,6 +139,8 @@ def test_workers_refuse_tenants_without_the_router(pd: dict[str, ServerProcess],
         status, out = pd[role].post("/generate", {"text": "hi", **boot}, headers=auth(keys["acme"]))
         assert status == 400 and out["error"]["code"] == "forbidden_field", out
         assert pd[role].get("/health")[0] == 200  # still serving
+        # SGLang's own health probe runs a fake transfer through the guarded paths (no tag: no KV moves).
+        assert pd[role].get("/health_generate", timeout_s=60)[0] == 200
 
 
 def test_same_tenant_reuses_prefill_cache_other_tenant_misses(
