@@ -13,6 +13,9 @@
 #   server     pytest -m gpu test/e2e/test_owner_check.py: a FlashInfer server (CUDA graphs on) where a planted
 #              foreign slot must read the zero page and abort the request, with its positive controls
 #   serving    benchmark/owner_check.py serving part: upstream vs check off vs on at an 8M-slot pool
+#   pd         test/e2e/test_pd.py on the GPU: router + prefill + decode, KV in GPU memory moved by Mooncake over
+#              TCP on loopback (needs the CUDA build, pip mooncake-transfer-engine, and libibverbs1), forged tag,
+#              aborted transfer kept quarantined; skipped when `mooncake.engine` does not import
 # The server and serving steps need sglang with its CUDA kernels; without them they are recorded as SKIP.
 #
 # GPU_CHECK_CPU_SMOKE=1 runs the same flow on a machine without CUDA (tiny sizes; GPU tests are skipped there),
@@ -121,6 +124,12 @@ if have_sglang || [ "$SMOKE" = 1 ]; then
 else
   skip server "sglang with its CUDA kernels is not importable (install requirements/gpu.txt or set WHEELS)"
   skip serving "same"
+fi
+
+if "$PYTHON" -c 'import mooncake.engine' >/dev/null 2>&1 && { have_sglang || [ "$SMOKE" = 1 ]; }; then
+  step pd 240 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= test/e2e/test_pd.py -rs
+else
+  skip pd "mooncake.engine (pip mooncake-transfer-engine) or sglang's CUDA kernels not importable"
 fi
 
 log "SUMMARY: pass=$PASS fail=$FAIL skip=$SKIP in $(($(date +%s) - START))s; results in $RESULTS"

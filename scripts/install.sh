@@ -13,6 +13,16 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
+# Mooncake's transfer engine (prefill/decode KV over TCP, requirements/runtime.txt) links libibverbs even when it
+# only uses TCP: install the Debian library when it is missing and we may.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null; } \
+      || echo "warning: could not install libibverbs1: prefill/decode disaggregation (mooncake) will not start" >&2
+  else
+    echo "warning: libibverbs1 is missing: prefill/decode disaggregation (mooncake) will not start" >&2
+  fi
+fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --no-deps -r requirements/runtime.txt
 "${PIP[@]}" -r requirements/dev.txt

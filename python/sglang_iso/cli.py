@@ -19,6 +19,8 @@ commands:
   audit --base-url URL --victim-key K --attacker-key K2 [...]
                                         prompt-cache side-channel audit (KS test on TTFT, cached_tokens oracle)
   router [SGLANG-ROUTER FLAGS]          run sglang-router (python -m sglang_router.launch_router) on this install
+  router --pd-disaggregation --tenants-file FILE [--router-key-env VAR] [SGLANG-ROUTER FLAGS]
+                                        the PD router behind sglang-iso's front gate (its own router key)
   keys new --tenant ID | --admin        mint an API key; prints it once and its key_sha256 line
   keys hash                             hash a key read from stdin
   check-config FILE                     validate a tenants file without starting a server
@@ -70,7 +72,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _router(argv: list[str]) -> int:
-    """Run sglang-router's launcher with these arguments (after the CPU shims: it imports torch)."""
+    """Run sglang-router's launcher with these arguments (after the CPU shims: it imports torch).
+
+    With ``--pd-disaggregation --tenants-file``: behind sglang-iso's front gate (``server/pd_router.py``).
+    """
+
+    if "--pd-disaggregation" in argv and any(a == "--tenants-file" or a.startswith("--tenants-file=") for a in argv):
+        from sglang_iso.server.pd_router import run
+
+        return run(argv)
+    if "--pd-disaggregation" in argv:
+        print("sglang-iso router: --pd-disaggregation needs --tenants-file (workers accept only the router key)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    return run_plain_router(argv)
+
+
+def run_plain_router(argv: list[str]) -> int:
+    """sglang-router's own launcher, unchanged (the front gate starts it through this)."""
     import runpy
 
     sys.argv = ["sglang-iso router", *argv]

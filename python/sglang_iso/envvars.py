@@ -59,6 +59,16 @@ L3_DIR = EnvVar(
 L3_MAX_BYTES = EnvVar(
     "SGLANG_ISO_L3_MAX_BYTES", "overall cap of the L3 file store in bytes (from --iso-l3-max-gb)", None, "launcher"
 )
+PD_DRAIN_TIMEOUT_S = EnvVar(
+    "SGLANG_ISO_PD_DRAIN_TIMEOUT_S",
+    "seconds a failed PD transfer may take to drain before its pages stay quarantined until reclaimed",
+    "60",
+    "operator",
+)
+ROUTER_KEY = EnvVar(
+    "SGLANG_ISO_ROUTER_KEY", "`sglang-iso router --pd-disaggregation`: the router's own key (default variable)", None,
+    "operator",
+)  # fmt: skip
 NGRAM_CORPUS = EnvVar(
     "SGLANG_ISO_NGRAM_CORPUS", "NGRAM draft corpus: 'namespace' (one per namespace) or 'shared'", "namespace",
     "operator",
@@ -103,6 +113,9 @@ ALL: tuple[EnvVar, ...] = (
     KV_OWNER_CHECK,
     AUDIT_LOG,
     L3_DIR,
+    L3_MAX_BYTES,
+    PD_DRAIN_TIMEOUT_S,
+    ROUTER_KEY,
     NGRAM_CORPUS,
     NGRAM_NS_CAPACITY,
     NGRAM_MAX_NAMESPACES,

@@ -79,6 +79,18 @@ def metrics() -> dict[str, Any] | None:
         "quota_tokens": Gauge(
             "sglang_iso:quota_tokens", "Resident-token quota per namespace", ["tenant"], multiprocess_mode="livemax"
         ),
+        "pd_timed_out_transfers": Counter(
+            "sglang_iso:pd_timed_out_transfers", "PD transfers not drained in time (pages kept quarantined)", []
+        ),
+        "pd_tag_violations": Counter(
+            "sglang_iso:pd_tag_violations", "PD transfers refused: KV tagged for another namespace", []
+        ),
+        "pd_quarantined_pages": Gauge(
+            "sglang_iso:pd_quarantined_pages",
+            "KV pages held back from reuse by PD transfers",
+            [],
+            multiprocess_mode="livesum",
+        ),
     }
     return _metrics
 

@@ -25,10 +25,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = outcome.get_result()
     if report.when == "call" and report.failed:
         for name in getattr(item, "fixturenames", ()):
-            server = item.funcargs.get(name) if hasattr(item, "funcargs") else None
-            if isinstance(server, ServerProcess):
-                server.keep_log = True
-                report.sections.append((f"server log ({name})", server.log_tail(150)))
+            value = item.funcargs.get(name) if hasattr(item, "funcargs") else None
+            servers = value.items() if isinstance(value, dict) else [(name, value)]
+            for label, server in servers:
+                if isinstance(server, ServerProcess):
+                    server.keep_log = True
+                    report.sections.append((f"server log ({label})", server.log_tail(150)))
 
 
 def start_iso_server(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:

@@ -107,12 +107,35 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
 
         cache.owners = owner_check.OwnerTable(cache).install()
         owner_check.ACTIVE = cache.owners
+    _attach_pd_guard(cache, ctx, config.secret if config is not None else None)
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 
         declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
+
+
+def _attach_pd_guard(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:
+    """On a prefill/decode worker, put the transfer quarantine and tag check on the pool (outermost).
+
+    Raises:
+        UnsupportedConfigError: PD without a tenants file (its secret keys the transfer tag), or the PD hooks
+            were not applied in this process.
+    """
+    mode = str(getattr(ctx.server_args, "disaggregation_mode", None) or "null")
+    if mode not in ("prefill", "decode") or cache.token_to_kv_pool_allocator is None:
+        return
+    if not secret:
+        raise UnsupportedConfigError("sglang-iso: --disaggregation-mode needs --tenants-file (its secret keys the tag)")
+    from sglang_iso.integration import pd_transfer
+
+    missing = [t for t in pd_transfer.HOOK_TARGETS if t not in HookRegistry._patched]
+    if missing:
+        raise UnsupportedConfigError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
+    guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, pd_transfer.drain_timeout_s())
+    pd_transfer.ACTIVE = guard.install()
+    cache.pd_guard = guard
 
 
 def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:

@@ -66,10 +66,11 @@ def install() -> None:
         owner_check.abort_before_results,
         HookType.BEFORE,
     )
-    from sglang_iso.integration import spec_draft, spec_ngram
+    from sglang_iso.integration import pd_transfer, spec_draft, spec_ngram
 
     spec_ngram.install()
     spec_draft.install()
+    pd_transfer.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
@@ -138,6 +139,10 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         ngram = spec_ngram.status()
         if ngram is not None:
             report["ngram"] = ngram
+        from sglang_iso.integration import pd_transfer
+
+        if pd_transfer.ACTIVE is not None:
+            report["pd"] = pd_transfer.ACTIVE.status()
         state["sglang_iso"] = report
 
 
@@ -155,7 +160,21 @@ FLUSH_COMMAND = "sglang_iso.flush:"
 # "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
 FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
 CHECK_COMMAND = "sglang_iso.check_integrity"
-# NOTE: test-only commands (the foreign-slot plant) live in test plugins (sglang_iso.plugin.test_plugin_refusal).
+# PD transfers: "sglang_iso.pd_status" (no-op, the reply carries the state), "sglang_iso.pd_reclaim" (release the
+# pages of timed-out transfers, scrubbed).
+PD_STATUS_COMMAND = "sglang_iso.pd_status"
+PD_RECLAIM_COMMAND = "sglang_iso.pd_reclaim"
+
+
+def _pd_command(key: str) -> bool:
+    from sglang_iso.integration import pd_transfer
+
+    guard = pd_transfer.ACTIVE
+    if guard is None:
+        return False
+    if key == PD_RECLAIM_COMMAND:
+        guard.reclaim()
+    return True
 
 
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -164,7 +183,11 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     ours = [
         k
         for k in requested
-        if isinstance(k, str) and (k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND)) or k == CHECK_COMMAND)
+        if isinstance(k, str)
+        and (
+            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND))
+            or k in (CHECK_COMMAND, PD_STATUS_COMMAND, PD_RECLAIM_COMMAND)
+        )
     ]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
@@ -181,6 +204,9 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         if key.startswith(FLUSH_ADAPTER_COMMAND):
             released = tree_cache.flush_adapter(key[len(FLUSH_ADAPTER_COMMAND) :])
             logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", key, released)
+            continue
+        if key in (PD_STATUS_COMMAND, PD_RECLAIM_COMMAND):
+            ok = ok and _pd_command(key)
             continue
         released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
         from sglang_iso.integration.spec_ngram import flush_tenant

@@ -9,6 +9,8 @@ reach the scheduler by paths that skip the gate (in-process ``Engine``, an
   SGLang builds a ``Req``: an out-of-vocabulary id would otherwise raise inside
   the model's embedding during a batched forward and stop the scheduler for
   every tenant;
+* on a prefill/decode worker, a generation request that names no transfer
+  (``bootstrap_host``/``bootstrap_room``) is refused: SGLang's PD scheduler would stop on it;
 * any exception raised while SGLang admits the request is caught.
 
 Either way the request is answered with an abort (HTTP 400 and the reason) through
@@ -45,12 +47,29 @@ def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
     return None
 
 
+def bootstrap_problem(server_args: Any, recv_req: Any) -> str | None:
+    """Why a request cannot run on this prefill/decode worker (no transfer named), or None. Never raises."""
+    from sglang_iso.server.pd_rules import pd_role
+
+    role = pd_role(
+        getattr(server_args, "disaggregation_mode", None), getattr(server_args, "disaggregation_transfer_backend", None)
+    )
+    if role is None or not role.needs_bootstrap or type(recv_req).__name__ != "TokenizedGenerateReqInput":
+        return None
+    if getattr(recv_req, "bootstrap_host", None) is None or getattr(recv_req, "bootstrap_room", None) is None:
+        # NOTE: SGLang's PD scheduler stops on such a request instead of refusing it.
+        return f"a {role.mode} worker needs bootstrap_host and bootstrap_room (send requests through the PD router)"
+    return None
+
+
 def guard_generate_request(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``Scheduler.handle_generate_request``: validate, and abort this request alone on error."""
     vocab = getattr(getattr(scheduler, "model_config", None), "vocab_size", None)
     problem = None
     if getattr(recv_req, "input_embeds", None) is None:
         problem = input_ids_problem(getattr(recv_req, "input_ids", None), vocab if isinstance(vocab, int) else None)
+    if problem is None:
+        problem = bootstrap_problem(getattr(scheduler, "server_args", None), recv_req)
     if problem is None:
         try:
             return original(scheduler, recv_req, *args, **kwargs)

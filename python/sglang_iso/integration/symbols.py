@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sglang_iso.integration.symbols_pd import PD_SYMBOLS
+
 PINNED_SGLANG_VERSION = "0.5.23"
 
 
@@ -435,6 +437,8 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "not hooked: reserves committed + 2 * alloc_len per decode, so [seq, seq + W) is allocated before a step",
     ),
 )
+
+HOOKED_SYMBOLS += tuple(HookedSymbol(*entry) for entry in PD_SYMBOLS)
 
 # Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
 REQUIRED_HOOK_TARGETS: tuple[str, ...] = (

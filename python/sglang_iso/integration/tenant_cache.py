@@ -102,6 +102,7 @@ class TenantRadixCache(BasePrefixCache):
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
+        self.pd_guard: Any = None  # PdGuard on a prefill/decode worker (set by the factory)
         self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
         self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
         # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies
@@ -239,6 +240,9 @@ class TenantRadixCache(BasePrefixCache):
         # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache,
         # so SGLang's idle accounting (available + evictable + protected == total) still balances.
         reserved = self.owners.page_size if self.owners is not None else 0
+        # Likewise pages a PD transfer may still touch, freed by their owner but held back (quarantined).
+        if self.pd_guard is not None:
+            reserved += self.pd_guard.held_tokens()
         return self.tree.protected_size() + reserved
 
     def total_size(self) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_iso import envvars
-from sglang_iso.platform import cpu, hicache_cpu, lora_cpu
+from sglang_iso.platform import cpu, hicache_cpu, lora_cpu, pd_cpu
 
 
 def apply() -> None:
@@ -11,6 +11,7 @@ def apply() -> None:
     cpu.apply()
     lora_cpu.apply()
     hicache_cpu.apply()
+    pd_cpu.apply()
 
 
 def cuda_available() -> bool:

@@ -147,6 +147,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         added += pool
         env_added += _cpu_bind_default(sglang_argv, env or {})
     _refuse_uncovered(sglang_argv)
+    from sglang_iso.server.pd_args import pd_defaults
+
+    pd_added = pd_defaults(sglang_argv, cuda_available=cuda_available)
+    sglang_argv += pd_added
+    added += pd_added
     from sglang_iso.server.hicache_args import plan_hicache
 
     sglang_argv, hicache_added, hicache_env = plan_hicache(
@@ -160,6 +165,8 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     env_added += hicache_env
     if ours.kv_owner_check == "on":
         _refuse_owner_check_gaps(sglang_argv)
+    if ours.tenants_file is None and flag_value(sglang_argv, "--disaggregation-mode") not in (None, "null"):
+        raise ValueError("--disaggregation-mode needs --tenants-file: its namespace secret keys the transfer tag")
     if ours.tenants_file is not None:
         _refuse_bypasses(sglang_argv, env or {})
         if not has_flag(sglang_argv, "--skip-server-warmup"):
@@ -191,6 +198,7 @@ _BYPASS_ENV: dict[str, str] = {
     "SGLANG_RUST_SERVER": "the Rust front end skips the tokenizer manager",
     "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "header overrides let clients change scheduling fields",
     "SGLANG_ENABLE_REQUEST_DECOMPRESSION": "bodies decompressed after the tenant gate would reach SGLang unchecked",
+    "SGLANG_DISAGG_STAGING_BUFFER": "PD staging buffers hold transferred KV outside the quarantined pages",
 }
 
 
@@ -226,12 +234,9 @@ def _l3_max_gb(text: str) -> float:
 
 def _refuse_uncovered(argv: Sequence[str]) -> None:
     """Features sglang-iso does not harden are refused by name, whatever the other flags."""
-    mode = flag_value(argv, "--disaggregation-mode")
-    if mode not in (None, "null"):
-        raise ValueError(
-            f"--disaggregation-mode {mode} is not supported by sglang-iso: prefill/decode transfers would hand KV "
-            "pages between servers without quarantine or a tenant check. Serve without disaggregation."
-        )
+    from sglang_iso.server.pd_args import refuse_uncovered_pd
+
+    refuse_uncovered_pd(argv)
 
 
 def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:

@@ -15,6 +15,9 @@ task and sees what the gate records). It is the outermost layer of the app:
   moved into the tenant's id space); an encoded body is refused (415). The
   tenant gets a slot from :class:`~sglang_iso.server.admission.Admission` or 429.
   The tenant id is stored in ``scope["state"]``.
+* The PD router's key (``router_key_sha256``) reads worker info and forwards
+  generation for the tenant its request ids name (:mod:`sglang_iso.server.pd_rules`);
+  only it may set the ``bootstrap_*`` fields, which a PD worker requires.
 * Every other path (flush, abort, adapters, weights, profiling, internal state,
   /iso/*) needs an admin key (403 for a tenant key): unknown paths fail closed.
 """
@@ -27,8 +30,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from sglang_iso import observability
-from sglang_iso.server import adapters, request_rules
+from sglang_iso.server import adapters, pd_rules, request_rules
 from sglang_iso.server.admission import RETRY_AFTER_S, Admission
+from sglang_iso.server.pd_rules import PdRole
 from sglang_iso.server.request_rules import Limits, Refusal
 from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
 
@@ -80,6 +84,8 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 class KeyLookup(Protocol):
     def lookup(self, presented_key: str) -> Principal | None: ...
 
+    def tenant(self, tenant_id: str) -> Principal | None: ...
+
 
 class ReloadableKeys:
     """A :class:`KeyIndex` that can be swapped atomically (tenants-file reload on SIGHUP)."""
@@ -89,6 +95,9 @@ class ReloadableKeys:
 
     def lookup(self, presented_key: str) -> Principal | None:
         return self.index.lookup(presented_key)
+
+    def tenant(self, tenant_id: str) -> Principal | None:
+        return self.index.tenant(tenant_id)
 
     def swap(self, index: KeyIndex) -> None:
         self.index = index  # one reference assignment: a request sees the old or the new index, never a mix
@@ -110,8 +119,10 @@ class TenantGate:
         limits: Limits | None = None,
         admission: Admission | None = None,
         metrics_need_admin: bool = False,
+        pd: PdRole | None = None,
     ) -> None:
         self.app = app
+        self.pd = pd  # this worker's prefill/decode role, None when not disaggregated
         self.keys = keys
         self.limits = limits
         self.admission = admission
@@ -139,6 +150,9 @@ class TenantGate:
             _refused("missing_key" if key is None else "unknown_key", path)
             await self._error(send, 401, "invalid_api_key", "Missing or unknown API key.", "authentication_error")
             return
+        if principal.is_router:
+            await self._router_request(scope, receive, send, headers, path)
+            return
         if path not in TENANT_PATHS:
             if not principal.is_admin:
                 _refused("admin_required", path, tenant=principal.tenant_id)
@@ -156,8 +170,44 @@ class TenantGate:
             return
         await self._tenant_request(scope, receive, send, principal, headers)
 
+    async def _router_request(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], path: str
+    ) -> None:
+        """The PD router's key: worker registration reads, and generation forwarded for one tenant."""
+        if path in pd_rules.ROUTER_INFO_PATHS and scope.get("method") in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        if path not in pd_rules.ROUTER_TENANT_PATHS:
+            _refused("router_path", path)
+            await self._error(send, 403, "router_path", f"{path} is not offered to the router key.", "permission_error")
+            return
+        body = await _read_body(receive)
+        if body is None:
+            await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
+            return
+        try:
+            obj = json.loads(body)
+        except (ValueError, RecursionError):
+            obj = None
+        found = pd_rules.router_tenant(obj) if isinstance(obj, dict) else pd_rules.PdRefusal("rid", "missing")
+        principal = self.keys.tenant(found) if isinstance(found, str) else None
+        if principal is None:
+            field, why = found if isinstance(found, pd_rules.PdRefusal) else ("rid", "names no tenant of this server")
+            _refused("router_tenant", path)
+            await self._error(send, 400, "invalid_field", f"Field {field!r} {why}.", param=field)
+            return
+        await self._tenant_request(scope, receive, send, principal, headers, body=body, from_router=True)
+
     async def _tenant_request(
-        self, scope: Scope, receive: Receive, send: Send, principal: Principal, headers: dict[str, str]
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        principal: Principal,
+        headers: dict[str, str],
+        *,
+        body: bytes | None = None,
+        from_router: bool = False,
     ) -> None:
         tenant = str(principal.tenant_id)
         for header, why in FORBIDDEN_HEADERS.items():
@@ -174,11 +224,14 @@ class TenantGate:
             )  # fmt: skip
             return
         # NOTE: every method, not only POST: SGLang serves /generate and others on PUT too.
-        body = await _read_body(receive)
+        if body is None:
+            body = await _read_body(receive)
         if body is None:
             await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
             return
-        checked = request_rules.check_body(body, tenant, self.limits)
+        checked = request_rules.check_body(
+            body, tenant, self.limits, path=str(scope.get("path", "")), pd=self.pd, from_router=from_router
+        )
         if isinstance(checked, Refusal):
             await self._error(send, checked.status, checked.code, checked.message, param=checked.field)
             return

@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from sglang_iso.server.pd_rules import BOOTSTRAP_FIELDS, PdRole, check_bootstrap
+
 MAX_JSON_DEPTH = 32
 """Nesting depth of arrays and objects a body may have (chat messages with tool calls need about 8)."""
 MAX_TOP_LOGPROBS = 20
@@ -84,8 +86,21 @@ class Refusal(NamedTuple):
     message: str
 
 
-def check_body(body: bytes, tenant: str, limits: Limits | None) -> bytes | Refusal:
-    """The body to forward for ``tenant``, or the reason to refuse it. Never raises."""
+def check_body(
+    body: bytes,
+    tenant: str,
+    limits: Limits | None,
+    *,
+    path: str = "",
+    pd: PdRole | None = None,
+    from_router: bool = False,
+) -> bytes | Refusal:
+    """The body to forward for ``tenant``, or the reason to refuse it. Never raises.
+
+    ``pd`` is this worker's prefill/decode role (None: not disaggregated); ``from_router`` marks a body the PD
+    router forwards for ``tenant``: it may carry the bootstrap fields, and its request ids are already in the
+    tenant's id space (:mod:`sglang_iso.server.pd_rules`).
+    """
     if not body.strip():
         return body
     try:
@@ -97,11 +112,17 @@ def check_body(body: bytes, tenant: str, limits: Limits | None) -> bytes | Refus
     if _depth(obj) > MAX_JSON_DEPTH:
         return Refusal(400, "invalid_json", None, f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.")
     for field, why in FORBIDDEN_FIELDS.items():
-        if obj.get(field) is not None:
+        if obj.get(field) is not None and not (from_router and field in BOOTSTRAP_FIELDS):
             return Refusal(400, "forbidden_field", field, f"Field {field!r} is not allowed: {why}.")
     refusal = _check_values(obj, limits) or _check_batch_shape(obj)
     if refusal is not None:
         return refusal
+    pd_refusal = check_bootstrap(obj, pd, path, from_router=from_router)
+    if pd_refusal is not None:
+        return _bad(pd_refusal.field, pd_refusal.reason)
+    if from_router:
+        # NOTE: the gate resolved ``tenant`` from these very ids (router_tenant), so they are already prefixed.
+        return body
     changed = False
     for field in RID_FIELDS:
         value = obj.get(field)

@@ -4,6 +4,7 @@ Format (TOML)::
 
     namespace_secret_file = "secret.key"   # or namespace_secret_env = "SGLANG_ISO_SECRET"
     admin_key_sha256 = ["<sha256 hex of an admin key>"]        # optional
+    router_key_sha256 = ["<sha256 hex of the PD router's key>"] # optional: may set bootstrap_* fields
 
     [[tenants]]                              # at least one
     id = "acme"                              # [a-z0-9][a-z0-9-]{0,63}
@@ -143,26 +144,26 @@ class TenantsConfig:
     """Shared prefixes in file order."""
     source: Path
     """The file this was loaded from."""
+    router_key_hashes: frozenset[str] = frozenset()
+    """SHA-256 hex digests of the prefill/decode router's keys (``router_key_sha256``; may be empty)."""
 
     def __repr__(self) -> str:
         # NOTE: redact the secret, because reprs end up in logs and tracebacks.
         return (
             f"TenantsConfig(source={str(self.source)!r}, tenants={list(self.tenants)!r}, "
-            f"admin_keys={len(self.admin_key_hashes)}, shared_prefixes={len(self.shared_prefixes)}, secret=<redacted>)"
+            f"admin_keys={len(self.admin_key_hashes)}, router_keys={len(self.router_key_hashes)}, "
+            f"shared_prefixes={len(self.shared_prefixes)}, secret=<redacted>)"
         )
 
 
-_TOP_FIELDS = ("namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "tenants", "shared_prefixes")
+_TOP_FIELDS = (
+    "namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "router_key_sha256", "tenants",
+    "shared_prefixes",
+)  # fmt: skip
 _TENANT_FIELDS = (
-    "id",
-    "key_sha256",
-    "quota_tokens",
-    "host_quota_tokens",
-    "l3_quota_tokens",
-    "cache",
-    "max_concurrent_requests",
+    "id", "key_sha256", "quota_tokens", "host_quota_tokens", "l3_quota_tokens", "cache", "max_concurrent_requests",
     "adapters",
-)
+)  # fmt: skip
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -194,6 +195,7 @@ def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) ->
     v.no_unknown_fields(data, _TOP_FIELDS, "", None)
     owners: dict[str, str] = {}
     admin_hashes = v.key_hashes(data, "admin_key_sha256", "admin_key_sha256", None, owners, required=False)
+    router_hashes = v.key_hashes(data, "router_key_sha256", "router_key_sha256", None, owners, required=False)
     tenants: dict[str, Tenant] = {}
     for index, (table, section) in enumerate(v.tables(data, "tenants", "tenants", None, required=True)):
         tenant = _tenant(v, table, f"tenants[{index}]", section, owners)
@@ -210,7 +212,9 @@ def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) ->
             v.fail(where, f"duplicate shared prefix name {prefix.name!r}{why}", section, "name")
         prefixes.append(prefix)
     secret = _secret(v, data, environ)
-    return TenantsConfig(secret, frozenset(admin_hashes), tenants, tuple(prefixes), v.source)
+    return TenantsConfig(
+        secret, frozenset(admin_hashes), tenants, tuple(prefixes), v.source, router_key_hashes=frozenset(router_hashes)
+    )
 
 
 def _tenant(

@@ -26,7 +26,7 @@ API_KEY_RANDOM_BYTES = 32
 MAX_PRESENTED_KEY_CHARS = 1024
 """A presented key longer than this is refused without hashing (no valid key is that long)."""
 
-PrincipalKind = Literal["tenant", "admin"]
+PrincipalKind = Literal["tenant", "admin", "router"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,9 @@ class Principal:
     """Who a key belongs to. Immutable. Build with :meth:`for_tenant` / :meth:`for_admin`."""
 
     kind: PrincipalKind
-    """``"tenant"``: a tenant's API key; ``"admin"``: an operator key (``admin_key_sha256``)."""
+    """``"tenant"``: a tenant's API key; ``"admin"``: an operator key (``admin_key_sha256``); ``"router"``: the
+    prefill/decode router's key (``router_key_sha256``), which may set the ``bootstrap_*`` fields and names the
+    tenant it forwards for in the request id (``server/pd_gate.py``)."""
     tenant_id: str | None
     """The tenant for ``kind == "tenant"``; ``None`` for admins (an admin key is not any tenant's)."""
     adapters: frozenset[str] = frozenset()
@@ -44,13 +46,13 @@ class Principal:
         if self.kind == "tenant":
             if not is_valid_tenant_id(self.tenant_id):
                 raise ValueError(f"tenant_id: a tenant principal needs a valid tenant id, got {self.tenant_id!r}")
-        elif self.kind == "admin":
+        elif self.kind in ("admin", "router"):
             if self.adapters:
-                raise ValueError("adapters: an admin principal has no adapter allow-list")
+                raise ValueError(f"adapters: an {self.kind} principal has no adapter allow-list")
             if self.tenant_id is not None:
-                raise ValueError(f"tenant_id: an admin principal has no tenant id, got {self.tenant_id!r}")
+                raise ValueError(f"tenant_id: an {self.kind} principal has no tenant id, got {self.tenant_id!r}")
         else:
-            raise ValueError(f"kind: must be 'tenant' or 'admin', got {self.kind!r}")
+            raise ValueError(f"kind: must be 'tenant', 'admin' or 'router', got {self.kind!r}")
 
     @classmethod
     def for_tenant(cls, tenant_id: str, adapters: frozenset[str] = frozenset()) -> Principal:
@@ -60,9 +62,17 @@ class Principal:
     def for_admin(cls) -> Principal:
         return cls("admin", None)
 
+    @classmethod
+    def for_router(cls) -> Principal:
+        return cls("router", None)
+
     @property
     def is_admin(self) -> bool:
         return self.kind == "admin"
+
+    @property
+    def is_router(self) -> bool:
+        return self.kind == "router"
 
 
 def new_api_key() -> str:
@@ -90,12 +100,13 @@ class KeyIndex:
     Rebuild it when the config is reloaded; it keeps no reference to the config.
     """
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_tenants")
 
     def __init__(self, config: TenantsConfig) -> None:
         """Raises ``ValueError`` if a hash belongs to two principals (``load_tenants_file`` already refuses it)."""
         entries: dict[str, Principal] = {}
         pairs = [(digest, Principal.for_admin()) for digest in sorted(config.admin_key_hashes)]
+        pairs += [(digest, Principal.for_router()) for digest in sorted(config.router_key_hashes)]
         for tenant in config.tenants.values():
             pairs.extend(
                 (digest, Principal.for_tenant(tenant.id, tenant.adapters)) for digest in sorted(tenant.key_hashes)
@@ -108,9 +119,14 @@ class KeyIndex:
         self._entries: tuple[tuple[bytes, Principal], ...] = tuple(
             (digest.encode("ascii"), principal) for digest, principal in entries.items()
         )
+        self._tenants = {t.id: Principal.for_tenant(t.id, t.adapters) for t in config.tenants.values()}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def tenant(self, tenant_id: str) -> Principal | None:
+        """The principal of tenant ``tenant_id`` (for a request the router forwards for it), or ``None``."""
+        return self._tenants.get(tenant_id)
 
     def lookup(self, presented_key: str) -> Principal | None:
         """The principal owning ``presented_key``, or ``None`` if no stored hash matches.

@@ -152,11 +152,40 @@ def test_cpu_picks_a_cpu_capable_lora_backend_only_with_lora_on() -> None:
     assert argv.count("--lora-backend") == 1 and argv[argv.index("--lora-backend") + 1] == "triton"
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_disaggregation_is_refused_by_name(mode: str) -> None:
-    for check in ("on", "off"):
-        with pytest.raises(ValueError, match=f"--disaggregation-mode {mode} is not supported"):
-            plan_launch(
-                ["--model-path", "m", "--disaggregation-mode", mode, "--kv-owner-check", check], cuda_available=True
-            )
+PD = ["--model-path", "m", "--tenants-file", "t.toml"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "nixl"], "backend nixl"),
+        (["--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", "fake"], "backend fake"),
+        (["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "mori"], "backend mori"),
+        (["--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake"], "backend fake"),
+        (["--disaggregation-mode", "encode"], "--disaggregation-mode encode"),
+        (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"], "radix-cache"),
+        (["--disaggregation-mode", "decode", "--disaggregation-decode-host-receive-threshold", "0.5"], "threshold"),
+        (["--disaggregation-mode", "prefill", "--enable-pd-role-switch"], "role-switch"),
+        (["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "host_pool"], "host_pool"),
+    ],
+)
+def test_uncovered_disaggregation_is_refused_by_name(argv: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        plan_launch([*PD, "--kv-owner-check", "off", *argv], cuda_available=True)
+
+
+def test_covered_disaggregation_is_served() -> None:
+    for mode, backend in (("prefill", "mooncake_tcp"), ("decode", "mooncake"), ("prefill", "mooncake")):
+        argv = [*PD, "--kv-owner-check", "off", "--disaggregation-mode", mode]
+        assert plan_launch([*argv, "--disaggregation-transfer-backend", backend], cuda_available=True).sglang_argv
+    with pytest.raises(ValueError, match="needs --tenants-file"):
+        plan_launch(["--model-path", "m", "--kv-owner-check", "off", "--disaggregation-mode", "prefill"],
+                    cuda_available=True)  # fmt: skip
+    decode = plan_launch([*PD, "--disaggregation-mode", "decode", "--kv-owner-check", "off"], cuda_available=True)
+    assert decode.sglang_argv[decode.sglang_argv.index("--disaggregation-decode-retraction-backup") + 1] == "cpu_tensor"
+    prefill = plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=False)
+    assert "--disable-overlap-schedule" in prefill.added
+    with pytest.raises(ValueError, match="SGLANG_DISAGG_STAGING_BUFFER"):
+        plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=True,
+                    env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})  # fmt: skip
     assert plan_launch(["--model-path", "m", "--disaggregation-mode", "null"], cuda_available=True).sglang_argv

@@ -10,6 +10,7 @@ from sglang_iso.integration import lora
 from sglang_iso.integration.front import reload, routes, state
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import ReloadableKeys, TenantGate
+from sglang_iso.server.pd_rules import pd_role
 from sglang_iso.server.request_rules import Limits
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex
@@ -48,7 +49,9 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         limits=_model_limits(tokenizer_manager),
         admission=admission,
         metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
-    )
+        pd=pd_role(getattr(server_args, "disaggregation_mode", None),
+                   getattr(server_args, "disaggregation_transfer_backend", None)),
+    )  # fmt: skip
     state.set_current(front)
     routes.add_iso_routes(http_server.app, tokenizer_manager, front)
     lora.prewarm(tokenizer_manager)

@@ -1,4 +1,5 @@
-"""``GET /iso/tenants``, ``POST /iso/flush`` and ``GET /iso/check``.
+"""``GET /iso/tenants``, ``POST /iso/flush``, ``GET /iso/check``, ``GET /iso/pd`` (PD transfer quarantine) and
+``POST /iso/pd/reclaim``.
 
 Admin-only: the gate lets only admins reach /iso/*.
 """
@@ -14,7 +15,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
     """Add the /iso/* routes to SGLang's FastAPI ``app``; they read ``front.config`` at each call."""
     from fastapi.responses import ORJSONResponse
 
-    from sglang_iso.integration.hooks import CHECK_COMMAND, FLUSH_COMMAND
+    from sglang_iso.integration.hooks import CHECK_COMMAND, FLUSH_COMMAND, PD_RECLAIM_COMMAND, PD_STATUS_COMMAND
 
     async def iso_tenants() -> Any:
         config = front.config
@@ -69,6 +70,23 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
         ok = bool(results) and all(results)
         return ORJSONResponse({"integrity_ok": ok}, status_code=200 if ok else 500)
 
+    async def iso_pd(command: str) -> Any:
+        from sglang.srt.managers.io_struct import SetInternalStateReq
+
+        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={command: 1}))
+        states = await tokenizer_manager.get_internal_state()
+        pd = [s.get("sglang_iso", {}).get("pd") for s in states]
+        ok = bool(results) and all(results)
+        return ORJSONResponse({"ok": ok, "pd": pd}, status_code=200 if ok else 409)
+
+    async def iso_pd_status() -> Any:
+        return await iso_pd(PD_STATUS_COMMAND)
+
+    async def iso_pd_reclaim() -> Any:
+        return await iso_pd(PD_RECLAIM_COMMAND)
+
+    app.add_api_route("/iso/pd", iso_pd_status, methods=["GET"])
+    app.add_api_route("/iso/pd/reclaim", iso_pd_reclaim, methods=["POST"])
     app.add_api_route("/iso/check", iso_check, methods=["GET"])
     app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
     app.add_api_route("/iso/flush", iso_flush, methods=["POST"])

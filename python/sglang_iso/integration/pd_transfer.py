@@ -1,0 +1,425 @@
+"""Prefill/decode transfers: quarantined pages and the tenant tag (scheduler process).
+
+Installed by the tenant cache factory on a PD worker (``--disaggregation-mode
+prefill|decode``). Two defenses, on top of the scrubber and the gate:
+
+* **Quarantine** (:class:`~sglang_iso.cache.quarantine.PageQuarantine`). The
+  allocator's release path is wrapped (outermost, after scrub and owner check):
+  a page some transfer may still read (prefill) or write (decode) is held back
+  instead of freed, and freed - through the scrubber - only when the transfer
+  succeeded, or failed and is known drained. A failed transfer not drained in
+  ``SGLANG_ISO_PD_DRAIN_TIMEOUT_S`` (default 60 s) keeps its pages quarantined,
+  counted and logged, until a drain is seen or an operator reclaims them
+  (``POST /iso/pd/reclaim``). A cleared pool (flush, weight update) never hands
+  out a fenced page either.
+
+      prefill: send_kv_chunk -> fence | inflight Success -> release | failure/abort -> drain
+      decode:  _send_kv_metadata -> fence | commit -> release | failed poll -> drain (prefill's ABORT_ACK)
+
+* **Tenant tag** (:mod:`sglang_iso.identity.transfer_tag`). The prefill writes
+  a MAC over its request's namespace and bootstrap room into the spare columns
+  of the metadata row that already carries the room (``bootstrap_room[idx, 1:3]``);
+  the decode checks it against its own request before the KV is committed. A
+  mismatch aborts the request (its pages are released and scrubbed) and counts
+  a violation.
+
+Fault injection for tests plugs in at :data:`FAULTS` (a no-op here; the test-only plugin
+``sglang_iso_testing.pd_faults`` replaces it, and the launcher refuses test plugins in production).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from sglang_iso import envvars, observability
+from sglang_iso.cache.quarantine import PageQuarantine
+from sglang_iso.identity.transfer_tag import TAG_WORDS, tag_matches, transfer_tag
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_ENV = envvars.PD_DRAIN_TIMEOUT_S.name
+DEFAULT_DRAIN_TIMEOUT_S = float(envvars.PD_DRAIN_TIMEOUT_S.default or 60)
+TAG_COLUMNS = slice(1, 1 + TAG_WORDS)  # NOTE: SGLang uses only column 0 of the 8-wide (64 B) room row
+
+ACTIVE: PdGuard | None = None  # this scheduler process's guard (set by the tenant cache factory)
+
+
+class FaultSeam:
+    """Where a test plugin injects transport faults; every method here is the no-fault behaviour."""
+
+    def prefill_namespace(self, namespace: str | None) -> str | None:
+        """Prefill: the namespace a transfer is tagged with."""
+        return namespace
+
+    def after_fence(self, guard: PdGuard, endpoint: Any, key: str) -> None:
+        """After a transfer's pages were fenced (decode: published; prefill: a chunk sent)."""
+
+    def probe_override(self, key: str) -> Any:
+        """A drain probe to use instead of the transport's for transfer ``key``, or None."""
+        return None
+
+
+FAULTS = FaultSeam()
+
+_PREFILL = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+_DECODE_PREALLOC = "sglang.srt.disaggregation.decode.DecodePreallocQueue"
+_DECODE_TRANSFER = "sglang.srt.disaggregation.decode.DecodeTransferQueue"
+HOOK_TARGETS = (
+    f"{_PREFILL}.send_kv_chunk",
+    f"{_PREFILL}.process_disagg_prefill_inflight_queue",
+    f"{_PREFILL}.handle_inflight_transfer_failure",
+    f"{_PREFILL}._retire_aborted_prefill_result",
+    "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf",
+    f"{_DECODE_PREALLOC}._send_kv_metadata",
+    f"{_DECODE_TRANSFER}._commit_transfer_to_req",
+    f"{_DECODE_TRANSFER}._abort_failed_transfer",
+    f"{_DECODE_TRANSFER}._do_release",
+    f"{_DECODE_TRANSFER}.pop_transferred",
+)
+
+
+def drain_timeout_s() -> float:
+    """Raises:
+    ValueError: the environment variable is not a positive number (named).
+    """
+    raw = envvars.PD_DRAIN_TIMEOUT_S.get() or str(DEFAULT_DRAIN_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{DRAIN_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def install() -> None:
+    """Register the PD hooks (from the plugin, in every process; they act only where a guard is active)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    after, before, around = HookType.AFTER, HookType.BEFORE, HookType.AROUND
+    for target, fn, kind in (
+        (HOOK_TARGETS[0], _after_send_kv_chunk, after),
+        (HOOK_TARGETS[1], _after_prefill_inflight, after),
+        (HOOK_TARGETS[2], _before_prefill_failure, before),
+        (HOOK_TARGETS[3], _before_prefill_abort, before),
+        (HOOK_TARGETS[4], _after_set_buf, after),
+        (HOOK_TARGETS[5], _after_send_kv_metadata, after),
+        (HOOK_TARGETS[6], _around_commit, around),
+        (HOOK_TARGETS[7], _before_decode_failure, before),
+        (HOOK_TARGETS[8], _before_do_release, before),
+        (HOOK_TARGETS[9], _after_pop_transferred, after),
+    ):
+        HookRegistry.register(target, fn, kind)
+
+
+class PdGuard:
+    """The quarantine and tag check of one PD worker's KV pool. Scheduler thread only."""
+
+    def __init__(self, allocator: Any, secret: bytes, mode: str, timeout_s: float) -> None:
+        self.allocator = allocator
+        self.page_size = int(allocator.page_size)
+        self.secret = secret
+        self.mode = mode  # "prefill" or "decode"
+        self.quarantine = PageQuarantine(timeout_s)
+        self.tag_violations = 0  # decode: transfers whose tag did not match the request's namespace
+        self.tags_checked = 0
+        self._drained_keys: set[str] = set()  # decode: failed transfers whose prefill acked the drain
+        self._release: Any = None  # the allocator's release, below this guard
+
+    def install(self) -> PdGuard:
+        alloc = self.allocator
+        paged = hasattr(alloc, "_release_page_ids")
+        name = "_release_page_ids" if paged else "free"
+        original = getattr(alloc, name)
+        quarantine = self.quarantine
+        device = alloc.device
+
+        @functools.wraps(original)
+        def release(*args: Any) -> Any:
+            if paged:
+                kept = [_keep(quarantine, p, 1) for p in args]
+                kept = [k for k in kept if k.numel()]
+                return original(*kept) if kept else None
+            if not args or not args[0].numel():
+                return original(*args)
+            return original(_keep(quarantine, args[0], self.page_size), *args[1:])
+
+        def release_pages(pages: list[int]) -> None:
+            if not pages:
+                return
+            ids = torch.tensor(pages, dtype=torch.int64, device=device)
+            if paged:
+                original(ids)
+                return
+            slots = (ids[:, None] * self.page_size + torch.arange(self.page_size, device=device)).flatten()
+            original(slots)
+
+        setattr(alloc, name, release)
+        self._release = release_pages
+        original_clear = alloc.clear
+
+        @functools.wraps(original_clear)
+        def clear() -> None:
+            original_clear()
+            fenced = quarantine.fenced_pages()
+            if fenced:
+                # NOTE: a cleared pool lists every page free again; a fenced one must stay out until let go.
+                quarantine.hold_all_fenced()
+                _drop_from_free_list(alloc, fenced, self.page_size)
+
+        alloc.clear = clear
+        logger.info(
+            "sglang-iso: PD %s transfer quarantine installed (drain timeout %.0fs)", self.mode, timeout_of(self)
+        )
+        return self
+
+    # ------------------------------------------------------------------ events
+    def fence(self, key: str, slots: Any) -> None:
+        pages = torch.as_tensor(slots).reshape(-1).to(torch.int64) // self.page_size
+        self.quarantine.fence(key, (int(p) for p in torch.unique(pages) if int(p) > 0))
+
+    def succeeded(self, key: str) -> None:
+        self._release(self.quarantine.succeeded(key))
+
+    def failed(self, key: str, probe: Any) -> None:
+        self._release(self.quarantine.failed(key, probe))
+
+    def tick(self) -> None:
+        before = self.quarantine.timed_out_transfers
+        self._release(self.quarantine.poll())
+        timed_out = self.quarantine.timed_out_transfers - before
+        m = observability.metrics()
+        if m is not None:
+            m["pd_quarantined_pages"].set(len(self.quarantine.fenced_pages()))
+            if timed_out:
+                m["pd_timed_out_transfers"].inc(timed_out)
+        if timed_out:
+            observability.audit("pd_transfer_timeout", count=timed_out, mode=self.mode)
+
+    def reclaim(self) -> int:
+        pages = self.quarantine.reclaim_timed_out()
+        self._release(pages)
+        logger.warning("sglang-iso: reclaimed %d quarantined pages of timed-out transfers (scrubbed)", len(pages))
+        return len(pages)
+
+    def held_tokens(self) -> int:
+        """KV slots held back from the allocator (counted as protected by the tenant cache)."""
+        return self.quarantine.held_count() * self.page_size
+
+    def note_drained(self, key: str) -> None:
+        """Decode: the prefill acknowledged that it will not write ``key``'s pages again."""
+        self._drained_keys.add(key)
+
+    def drained_probe(self, key: str) -> Any:
+        def probe() -> bool:
+            if key in self._drained_keys:
+                self._drained_keys.discard(key)
+                return True
+            return False
+
+        return probe
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "drain_timeout_s": self.quarantine.drain_timeout_s,
+            "tags_checked": self.tags_checked,
+            "tag_violations": self.tag_violations,
+            **self.quarantine.status(),
+        }
+
+    # ------------------------------------------------------------------ tags
+    def write_tag(self, rooms: torch.Tensor, idx: int, namespace: str | None, room: int) -> None:
+        rooms[idx, TAG_COLUMNS] = torch.tensor(transfer_tag(self.secret, namespace, room), dtype=rooms.dtype)
+
+    def tag_ok(self, rooms: torch.Tensor, idx: int, namespace: str | None, room: int) -> bool:
+        self.tags_checked += 1
+        received = tuple(int(w) for w in rooms[idx, TAG_COLUMNS].tolist())
+        return tag_matches(self.secret, namespace, room, received)
+
+
+def timeout_of(guard: PdGuard) -> float:
+    return guard.quarantine.drain_timeout_s
+
+
+def transfer_key(req: Any) -> str:
+    return f"{req.rid}@{req.bootstrap_room}"
+
+
+def _keep(quarantine: PageQuarantine, ids: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The part of a free (page ids, or slots when ``page_size`` > 1 on a token allocator) not held back."""
+    if not quarantine.fenced_pages():
+        return ids
+    pages = (ids.to(torch.int64) // page_size).tolist()
+    free_now = set(quarantine.divert(sorted(set(pages))))
+    mask = torch.tensor([p in free_now for p in pages], dtype=torch.bool, device=ids.device)
+    return ids[mask]
+
+
+def _drop_from_free_list(alloc: Any, pages: set[int], page_size: int) -> None:
+    free = alloc.free_pages
+    ids = torch.tensor(sorted(pages), dtype=free.dtype, device=free.device)
+    units = (
+        ids if hasattr(alloc, "_release_page_ids") else (ids[:, None] * page_size + torch.arange(page_size)).flatten()
+    )
+    alloc.free_pages = free[~torch.isin(free, units.to(free.device))]
+
+
+def _namespace(req: Any) -> str | None:
+    return getattr(req, "extra_key", None)
+
+
+# ---------------------------------------------------------------------- prefill hooks
+def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    guard = ACTIVE
+    if guard is None or req.bootstrap_room is None or req.kv.req_pool_idx is None:
+        return
+    sent = int(getattr(req, "start_send_idx", 0) or 0)
+    if sent > 0:
+        row = _scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :sent]
+        guard.fence(transfer_key(req), row)
+        FAULTS.after_fence(guard, req.disagg_kv_sender, transfer_key(req))
+
+
+def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
+    guard = ACTIVE
+    if guard is None:
+        return
+    for req in done or ():
+        if guard.quarantine.in_flight(transfer_key(req)):
+            guard.succeeded(transfer_key(req))
+    guard.tick()
+
+
+def _before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    if ACTIVE is not None:
+        ACTIVE.failed(transfer_key(req), _prefill_probe(req))
+
+
+def _before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    if ACTIVE is not None:
+        ACTIVE.failed(transfer_key(req), _prefill_probe(req))
+
+
+def _prefill_probe(req: Any) -> Any:
+    """When the engine will not read the request's pages again; None when unknown (the pages time out)."""
+    key = transfer_key(req)
+    override = FAULTS.probe_override(key)
+    if override is not None:
+        return override
+    sender = getattr(req, "disagg_kv_sender", None)
+    if type(sender).__name__ == "FakeKVSender":
+        return lambda: True  # NOTE: a fake sender moves nothing
+    mgr = getattr(sender, "kv_mgr", None)
+    if mgr is None or not hasattr(mgr, "_staging_outstanding"):
+        return None
+    room = req.bootstrap_room
+    return lambda: prefill_room_idle(mgr, room)
+
+
+def prefill_room_idle(mgr: Any, room: int) -> bool:
+    """SGLang's own drain predicate (``CommonKVManager._maybe_ack_drained_abort``): the room is failed (or gone),
+    so a chunk still queued is skipped unread, and no dequeued chunk is in flight (counted at dequeue)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    failed = room not in mgr.request_status or mgr.check_status(room) == KVPoll.Failed
+    return bool(failed and mgr._staging_outstanding.get(room, 0) <= 0)
+
+
+def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    guard = ACTIVE
+    if guard is None or guard.mode != "prefill" or req.bootstrap_room is None:
+        return
+    namespace = FAULTS.prefill_namespace(_namespace(req))
+    guard.write_tag(buffers.bootstrap_room, req.metadata_buffer_index, namespace, int(req.bootstrap_room))
+
+
+# ---------------------------------------------------------------------- decode hooks
+def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
+    guard = ACTIVE
+    if guard is None or str(kw.get("destination", "")).lower().endswith("host"):
+        return
+    key = transfer_key(decode_req.req)
+    guard.fence(key, kv_indices)
+    FAULTS.after_fence(guard, decode_req.kv_receiver, key)
+
+
+def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+    guard = ACTIVE
+    if guard is None:
+        return original(queue, decode_req, *args, **kwargs)
+    req = decode_req.req
+    key = transfer_key(req)
+    try:
+        if _must_check_tag(decode_req) and not guard.tag_ok(
+            queue.metadata_buffers.bootstrap_room, decode_req.metadata_buffer_index, _namespace(req),
+            int(req.bootstrap_room),
+        ):  # fmt: skip
+            _refuse_transfer(guard, decode_req)
+            return None
+        return original(queue, decode_req, *args, **kwargs)
+    finally:
+        guard.succeeded(key)  # NOTE: committed or refused, the engine has finished writing these pages
+
+
+def _must_check_tag(decode_req: Any) -> bool:
+    """Every real transfer; not SGLang's own fake ones (warmup and health checks: no KV moves, no prefill)."""
+    return type(decode_req.kv_receiver).__name__ != "FakeKVReceiver"
+
+
+def _refuse_transfer(guard: PdGuard, decode_req: Any) -> None:
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req = decode_req.req
+    guard.tag_violations += 1
+    logger.error(
+        "sglang-iso: KV for request %s (room %s) carries another namespace's tag; aborted, pages scrubbed",
+        req.rid, req.bootstrap_room,
+    )  # fmt: skip
+    m = observability.metrics()
+    if m is not None:
+        m["pd_tag_violations"].inc()
+    observability.audit("isolation_violation", kind="pd_transfer_tag", rid=req.rid, count=1)
+    req.finished_reason = FINISH_ABORT(
+        "KV transfer refused: it belongs to another tenant", status_code=HTTPStatus.INTERNAL_SERVER_ERROR
+    )
+    decode_req.kv_receiver.clear()
+    decode_req.kv_receiver = None
+
+
+def _before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+    guard = ACTIVE
+    if guard is None:
+        return
+    key = transfer_key(decode_req.req)
+    # NOTE: a fake receiver is written by nobody, so it is drained at once.
+    fake = type(decode_req.kv_receiver).__name__ == "FakeKVReceiver"
+    default = (lambda: True) if fake else guard.drained_probe(key)
+    guard.failed(key, FAULTS.probe_override(key) or default)
+
+
+def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+    """Read the prefill's drain ack before SGLang forgets it (``_do_release`` clears the tracker)."""
+    guard = ACTIVE
+    receiver = decode_req.kv_receiver
+    if guard is None or receiver is None:
+        return
+    mgr: Any = getattr(receiver, "kv_mgr", None)
+    infos = getattr(receiver, "bootstrap_infos", None) or ()
+    try:
+        drained = bool(receiver.abort_notified) and mgr.is_abort_release_safe(decode_req.req.bootstrap_room, len(infos))
+    except Exception:  # NOTE: no drain evidence: the pages stay quarantined (fail closed)
+        drained = False
+    if drained:
+        guard.note_drained(transfer_key(decode_req.req))
+
+
+def _after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
+    if ACTIVE is not None:
+        ACTIVE.tick()

@@ -1,0 +1,175 @@
+"""``sglang-iso router --pd-disaggregation --tenants-file FILE ...``: the PD router as a trusted client.
+
+sglang-router pairs a prefill and a decode worker per request and adds the
+``bootstrap_*`` fields, but it forwards the client's ``Authorization`` header
+as it came, or (with its ``--api-key``) replaces it with one shared key: either
+way the workers could not tell the router from a tenant, or a tenant from
+another. So sglang-iso runs it behind its own front gate::
+
+    client --tenant key--> front gate (this module, --host/--port)
+                             | tenant authenticated, body rules, request ids "<tenant>.<id>"
+                             v  Authorization: Bearer <router key>
+                           sglang-router (127.0.0.1, a free port, --api-key <router key>)
+                             | adds bootstrap_host/port/room, keeps the request ids
+                             v  Authorization: Bearer <router key>
+                           prefill + decode workers: the gate accepts bootstrap fields from the
+                           router key only, for the tenant the request ids name (server/pd_rules.py)
+
+The router key comes from the environment variable named by ``--router-key-env``
+(default ``SGLANG_ISO_ROUTER_KEY``); its SHA-256 must be listed as
+``router_key_sha256`` in the tenants file that every worker loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+from sglang_iso import envvars
+from sglang_iso.server.gate import STATE_TENANT, Message, Receive, ReloadableKeys, Scope, Send, TenantGate
+from sglang_iso.server.pd_rules import ROUTER_TENANT_PATHS
+
+logger = logging.getLogger(__name__)
+
+ROUTER_KEY_ENV = envvars.ROUTER_KEY.name
+# Admin-key reads the front gate passes on to sglang-router (readiness and worker health).
+ADMIN_PASS_PATHS = frozenset({"/workers"})
+
+
+def router_front_argv(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sglang-iso router", add_help=False, allow_abbrev=False)
+    parser.add_argument("--tenants-file", required=True)
+    parser.add_argument("--router-key-env", default=ROUTER_KEY_ENV)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    ours, rest = parser.parse_known_args(argv)
+    ours.rest = rest
+    return ours
+
+
+def run(argv: list[str]) -> int:
+    """Start sglang-router on a loopback port and serve the front gate until interrupted.
+
+    Raises:
+        SystemExit: the router key is missing or is not a ``router_key_sha256`` of the tenants file.
+    """
+    import uvicorn
+
+    from sglang_iso.tenancy.config import load_tenants_file
+    from sglang_iso.tenancy.keys import KeyIndex
+
+    ours = router_front_argv(argv)
+    config = load_tenants_file(ours.tenants_file)
+    index = KeyIndex(config)
+    key = os.environ.get(ours.router_key_env, "")  # NOTE: the variable's name is an option (default ROUTER_KEY)
+    principal = index.lookup(key) if key else None
+    if principal is None or not principal.is_router:
+        raise SystemExit(
+            f"sglang-iso router: environment variable {ours.router_key_env} must hold a key whose SHA-256 is listed "
+            f"as router_key_sha256 in {ours.tenants_file}"
+        )
+    inner = _loopback_port()
+    # NOTE: sglang-router takes its key only on the command line; it listens on loopback only.
+    launcher = "import sys; from sglang_iso.cli import run_plain_router; sys.exit(run_plain_router(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", launcher, "--host", "127.0.0.1", "--port", str(inner), "--api-key", key,
+           *ours.rest]  # fmt: skip
+    router = subprocess.Popen(cmd)
+    try:
+        app = TenantGate(RouterProxy(f"http://127.0.0.1:{inner}", key), ReloadableKeys(index))
+        uvicorn.run(app, host=ours.host, port=ours.port, log_level="warning")
+    finally:
+        router.terminate()
+        try:
+            router.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            router.kill()
+    return 0
+
+
+class RouterProxy:
+    """ASGI app behind the front gate: forwards tenant generation (and admin reads) to sglang-router."""
+
+    def __init__(self, upstream: str, router_key: str) -> None:
+        self.upstream = upstream
+        self.router_key = router_key
+        self._session: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            return
+        path = str(scope.get("path", ""))
+        if path == "/health":  # NOTE: the front gate's own liveness; worker health is GET /workers (admin key)
+            await _reply(send, 200, {"status": "ok"})
+            return
+        tenant = scope.get("state", {}).get(STATE_TENANT)
+        if not (path in ROUTER_TENANT_PATHS and tenant) and path not in ADMIN_PASS_PATHS:
+            await _reply(
+                send, 404, {"error": {"message": f"{path} is not offered by the PD router", "code": "not_found"}}
+            )
+            return
+        body = b""
+        while True:
+            message: Message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        if tenant:
+            body = with_tenant_rids(body, str(tenant))
+        await self._forward(scope, path, body, send)
+
+    async def _forward(self, scope: Scope, path: str, body: bytes, send: Send) -> None:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        headers = {"authorization": f"Bearer {self.router_key}", "content-type": "application/json"}
+        query = scope.get("query_string", b"").decode("latin-1")
+        url = self.upstream + path + (f"?{query}" if query else "")
+        try:
+            async with self._session.request(scope.get("method", "POST"), url, data=body, headers=headers) as resp:
+                ctype = resp.headers.get("content-type", "application/json").encode("latin-1")
+                await send(
+                    {"type": "http.response.start", "status": resp.status, "headers": [(b"content-type", ctype)]}
+                )
+                async for chunk in resp.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+        except aiohttp.ClientError as exc:
+            logger.warning("sglang-iso router: upstream error: %s", exc)
+            await _reply(send, 502, {"error": {"message": "the PD router is not reachable", "code": "bad_gateway"}})
+
+
+def with_tenant_rids(body: bytes, tenant: str) -> bytes:
+    """Give a request without ids one id per prompt in ``tenant``'s id space (the gate prefixed given ones)."""
+    try:
+        obj = json.loads(body) if body.strip() else {}
+    except ValueError:
+        return body
+    if not isinstance(obj, dict) or obj.get("rid") is not None:
+        return body
+    text = obj.get("text", obj.get("input_ids"))
+    batch = isinstance(text, list) and bool(text) and (isinstance(text[0], str | list))
+    fresh = [f"{tenant}.{uuid.uuid4().hex}" for _ in range(len(text) if batch and isinstance(text, list) else 1)]
+    obj["rid"] = fresh if batch else fresh[0]
+    return json.dumps(obj).encode()
+
+
+async def _reply(send: Send, status: int, payload: dict[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _loopback_port() -> int:
+    """A free TCP port on 127.0.0.1 for sglang-router (only the front gate listens beyond it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,121 @@
+"""The gate on a prefill/decode worker: only the router's key may set bootstrap fields, for one tenant."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_iso.server.gate import STATE_TENANT, TenantGate
+from sglang_iso.server.pd_rules import PdRole, pd_role, router_tenant
+from sglang_iso.tenancy.config import load_tenants_file
+from sglang_iso.tenancy.keys import KeyIndex, Principal, key_sha256, new_api_key
+
+from .test_gate import call
+
+KEYS = {"acme": new_api_key(), "globex": new_api_key(), "admin": new_api_key(), "router": new_api_key()}
+BOOT = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 12345}
+
+
+def _gate(tmp_path: Path, role: PdRole | None) -> tuple[TenantGate, list[dict[str, Any]]]:
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    (tmp_path / "t.toml").write_text(
+        'namespace_secret_file = "s.key"\n'
+        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
+        f'router_key_sha256 = ["{key_sha256(KEYS["router"])}"]\n'
+        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
+        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(KEYS["globex"])}"]\n'
+    )
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        msg = await receive()
+        seen.append({"scope": scope, "body": msg.get("body", b"")})
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), pd=role), seen
+
+
+@pytest.fixture()
+def decode(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
+    return _gate(tmp_path, PdRole("decode", "mooncake"))
+
+
+def test_router_key_is_its_own_principal(tmp_path: Path) -> None:
+    _gate(tmp_path, None)
+    index = KeyIndex(load_tenants_file(tmp_path / "t.toml"))
+    assert index.lookup(KEYS["router"]) == Principal.for_router()
+    assert index.tenant("acme") == Principal.for_tenant("acme") and index.tenant("nobody") is None
+
+
+def test_tenant_without_bootstrap_gets_400_naming_the_field(decode) -> None:  # type: ignore[no-untyped-def]
+    g, seen = decode
+    status, out, _ = call(g, "/generate", {"text": "hi"}, key=KEYS["acme"])
+    assert status == 400 and out["error"]["param"] == "bootstrap_host"
+    status, out, _ = call(g, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, key=KEYS["acme"])
+    assert status == 400 and out["error"]["param"] == "bootstrap_host"
+    assert not seen
+
+
+def test_tenant_may_not_set_bootstrap_fields(decode) -> None:  # type: ignore[no-untyped-def]
+    g, seen = decode
+    status, out, _ = call(g, "/generate", {"text": "hi", **BOOT}, key=KEYS["acme"])
+    assert status == 400 and out["error"]["code"] == "forbidden_field"
+    assert not seen
+
+
+def test_router_forwards_for_the_tenant_its_rid_names(decode) -> None:  # type: ignore[no-untyped-def]
+    g, seen = decode
+    status, _, scope = call(g, "/generate", {"text": "hi", "rid": "globex.r1", **BOOT}, key=KEYS["router"])
+    assert status == 200 and scope["state"][STATE_TENANT] == "globex"
+    forwarded = json.loads(seen[0]["body"])
+    assert forwarded["rid"] == "globex.r1" and forwarded["bootstrap_room"] == 12345  # not prefixed twice
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"text": "hi", **BOOT}, "rid"),  # no tenant named
+        ({"text": "hi", "rid": "nobody.r1", **BOOT}, "rid"),  # unknown tenant
+        ({"text": ["a", "b"], "rid": ["acme.1", "globex.2"], **BOOT}, "rid"),  # two tenants in one batch
+        ({"text": "hi", "rid": "acme.r1", "bootstrap_host": "127.0.0.1"}, "bootstrap_room"),
+        ({"text": "hi", "rid": "acme.r1", **BOOT, "bootstrap_room": -1}, "bootstrap_room"),
+        ({"text": "hi", "rid": "acme.r1", **BOOT, "bootstrap_room": "7"}, "bootstrap_room"),
+        ({"text": "hi", "rid": "acme.r1", **BOOT, "bootstrap_port": 70000}, "bootstrap_port"),
+        ({"text": "hi", "rid": "acme.r1", **BOOT, "extra_key": "globex"}, "extra_key"),
+    ],
+)
+def test_router_requests_are_checked(decode, body: dict[str, Any], field: str) -> None:  # type: ignore[no-untyped-def]
+    g, seen = decode
+    status, out, _ = call(g, "/generate", body, key=KEYS["router"])
+    assert status == 400 and out["error"]["param"] == field, out
+    assert not seen
+
+
+def test_router_key_reads_worker_info_but_no_admin_path(decode) -> None:  # type: ignore[no-untyped-def]
+    g, _ = decode
+    assert call(g, "/server_info", None, key=KEYS["router"], method="GET")[0] == 200
+    assert call(g, "/flush_cache", {}, key=KEYS["router"])[0] == 403
+    assert call(g, "/iso/tenants", None, key=KEYS["router"], method="GET")[0] == 403
+
+
+def test_fake_decode_needs_no_bootstrap(tmp_path: Path) -> None:
+    g, seen = _gate(tmp_path, PdRole("decode", "fake"))
+    assert call(g, "/generate", {"text": "hi"}, key=KEYS["acme"])[0] == 200 and seen
+
+
+def test_not_disaggregated_is_unchanged(tmp_path: Path) -> None:
+    g, _ = _gate(tmp_path, None)
+    assert call(g, "/generate", {"text": "hi"}, key=KEYS["acme"])[0] == 200
+    assert call(g, "/generate", {"text": "hi", **BOOT}, key=KEYS["acme"])[0] == 400
+
+
+def test_pd_role_and_router_tenant() -> None:
+    assert pd_role("null", "mooncake") is None and pd_role(None, None) is None
+    assert pd_role("prefill", None) == PdRole("prefill", "mooncake")
+    assert not PdRole("decode", "fake").needs_bootstrap and PdRole("prefill", "fake").needs_bootstrap
+    assert router_tenant({"rid": ["a.1", "a.2"]}) == "a"
