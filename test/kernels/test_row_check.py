@@ -12,7 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_iso_kernels.row_check import _clean_on_cpu, _sanitize_torch, sanitize_rows
+from sglang_iso_kernels.row_check import (
+    _clean_on_cpu,
+    _sanitize_torch,
+    _segments_large,
+    _segments_small,
+    sanitize_rows,
+)
 from test.kernels.conftest import SEEDS
 
 NUM_PAGES, ZERO_PAGE, SHARED, FREE = 20, 0, 3, -1
@@ -230,3 +236,17 @@ def test_cpu_fast_path_answers_a_clean_batch_alone() -> None:
     assert int(page_owner[14]) == 1  # adopted
     req_to_token[0, 1] = 15  # a FREE page in the prefix: not clean, the full pass takes over
     assert not _clean_on_cpu(*args, page_size=1, total_tokens=3)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_small_and_large_batch_segments_agree(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    req_to_token = torch.randint(0, 1000, (R, L), dtype=torch.int32, generator=gen)
+    rows = torch.randperm(R, generator=gen)[:5]
+    end = torch.randint(0, L + 1, (5,), generator=gen)
+    start = torch.minimum(torch.randint(0, L + 1, (5,), generator=gen), end)
+    owners = torch.randint(0, 4, (5,), dtype=torch.int32, generator=gen)
+    total = int((end - start).sum())
+    small = _segments_small(req_to_token, rows, start, end, owners, total)
+    large = _segments_large(req_to_token, rows, start, end, owners, total)
+    assert all(torch.equal(a, b) for a, b in zip(small, large, strict=True)) and small[0].numel() == total
