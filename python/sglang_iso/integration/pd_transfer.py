@@ -65,22 +65,6 @@ class FaultSeam:
 
 FAULTS = FaultSeam()
 
-_PREFILL = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
-_DECODE_PREALLOC = "sglang.srt.disaggregation.decode.DecodePreallocQueue"
-_DECODE_TRANSFER = "sglang.srt.disaggregation.decode.DecodeTransferQueue"
-HOOK_TARGETS = (
-    f"{_PREFILL}.send_kv_chunk",
-    f"{_PREFILL}.process_disagg_prefill_inflight_queue",
-    f"{_PREFILL}.handle_inflight_transfer_failure",
-    f"{_PREFILL}._retire_aborted_prefill_result",
-    "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf",
-    f"{_DECODE_PREALLOC}._send_kv_metadata",
-    f"{_DECODE_TRANSFER}._commit_transfer_to_req",
-    f"{_DECODE_TRANSFER}._abort_failed_transfer",
-    f"{_DECODE_TRANSFER}._do_release",
-    f"{_DECODE_TRANSFER}.pop_transferred",
-)
-
 
 def drain_timeout_s() -> float:
     """Raises:
@@ -94,26 +78,6 @@ def drain_timeout_s() -> float:
     if not value > 0:
         raise ValueError(f"{DRAIN_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
     return value
-
-
-def install() -> None:
-    """Register the PD hooks (from the plugin, in every process; they act only where a guard is active)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    after, before, around = HookType.AFTER, HookType.BEFORE, HookType.AROUND
-    for target, fn, kind in (
-        (HOOK_TARGETS[0], _after_send_kv_chunk, after),
-        (HOOK_TARGETS[1], _after_prefill_inflight, after),
-        (HOOK_TARGETS[2], _before_prefill_failure, before),
-        (HOOK_TARGETS[3], _before_prefill_abort, before),
-        (HOOK_TARGETS[4], _after_set_buf, after),
-        (HOOK_TARGETS[5], _after_send_kv_metadata, after),
-        (HOOK_TARGETS[6], _around_commit, around),
-        (HOOK_TARGETS[7], _before_decode_failure, before),
-        (HOOK_TARGETS[8], _before_do_release, before),
-        (HOOK_TARGETS[9], _after_pop_transferred, after),
-    ):
-        HookRegistry.register(target, fn, kind)
 
 
 class PdGuard:
@@ -274,7 +238,7 @@ def _namespace(req: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------- prefill hooks
-def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None or req.bootstrap_room is None or req.kv.req_pool_idx is None:
         return
@@ -285,7 +249,7 @@ def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **
         FAULTS.after_fence(guard, req.disagg_kv_sender, transfer_key(req))
 
 
-def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
+def after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None:
         return
@@ -295,12 +259,12 @@ def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
     guard.tick()
 
 
-def _before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.failed(transfer_key(req), _prefill_probe(req))
 
 
-def _before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.failed(transfer_key(req), _prefill_probe(req))
 
@@ -330,7 +294,7 @@ def prefill_room_idle(mgr: Any, room: int) -> bool:
     return bool(failed and mgr._staging_outstanding.get(room, 0) <= 0)
 
 
-def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None or guard.mode != "prefill" or req.bootstrap_room is None:
         return
@@ -339,7 +303,7 @@ def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: A
 
 
 # ---------------------------------------------------------------------- decode hooks
-def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
+def after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
     guard = ACTIVE
     if guard is None or str(kw.get("destination", "")).lower().endswith("host"):
         return
@@ -348,7 +312,7 @@ def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indice
     FAULTS.after_fence(guard, decode_req.kv_receiver, key)
 
 
-def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+def around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
     guard = ACTIVE
     if guard is None:
         return original(queue, decode_req, *args, **kwargs)
@@ -393,7 +357,7 @@ def _refuse_transfer(guard: PdGuard, decode_req: Any) -> None:
     decode_req.kv_receiver = None
 
 
-def _before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+def before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None:
         return
@@ -404,7 +368,7 @@ def _before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: A
     guard.failed(key, FAULTS.probe_override(key) or default)
 
 
-def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+def before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     """Read the prefill's drain ack before SGLang forgets it (``_do_release`` clears the tracker)."""
     guard = ACTIVE
     receiver = decode_req.kv_receiver
@@ -420,6 +384,6 @@ def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -
         guard.note_drained(transfer_key(decode_req.req))
 
 
-def _after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
+def after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.tick()

@@ -42,13 +42,6 @@ _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
 
-WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
-HOOK_TARGETS: tuple[str, ...] = (
-    f"{WORKER}.__init__",
-    f"{WORKER}._prepare_draft_tokens",
-    f"{WORKER}._update_ngram_corpus",
-)
-
 
 class UnsupportedNgramConfigError(RuntimeError):
     """An NGRAM option that per-namespace corpora do not cover."""
@@ -62,15 +55,6 @@ def corpus_mode() -> str:
     if mode not in ("namespace", "shared"):
         raise UnsupportedNgramConfigError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
     return mode
-
-
-def install() -> None:
-    """Register the hooks (every process; they only act in an NGRAM scheduler)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(HOOK_TARGETS[0], partition_corpus, HookType.AFTER)
-    HookRegistry.register(HOOK_TARGETS[1], bind_batch, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[2], bind_batch, HookType.AROUND)
 
 
 def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) -> None:
