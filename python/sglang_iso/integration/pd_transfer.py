@@ -4,7 +4,7 @@ Installed by the tenant cache factory on a PD worker (``--disaggregation-mode
 prefill|decode``). Two defenses, on top of the scrubber and the gate:
 
 * **Quarantine** (:class:`~sglang_iso.cache.quarantine.PageQuarantine`). The
-  allocator's release path is wrapped (outermost, after scrub and owner check):
+  allocator's release path is tapped (outermost: before the owner check and the scrubber see a page):
   a page some transfer may still read (prefill) or write (decode) is held back
   instead of freed, and freed - through the scrubber - only when the transfer
   succeeded, or failed and is known drained. A failed transfer not drained in
@@ -29,7 +29,6 @@ Fault injection for tests plugs in at :data:`FAULTS` (a no-op here; the test-onl
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -38,6 +37,8 @@ import torch
 from sglang_iso import envvars, observability
 from sglang_iso.cache.quarantine import PageQuarantine
 from sglang_iso.identity.transfer_tag import TAG_WORDS, tag_matches, transfer_tag
+from sglang_iso.integration import allocator_tap
+from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
@@ -92,54 +93,49 @@ class PdGuard:
         self.tag_violations = 0  # decode: transfers whose tag did not match the request's namespace
         self.tags_checked = 0
         self._drained_keys: set[str] = set()  # decode: failed transfers whose prefill acked the drain
-        self._release: Any = None  # the allocator's release, below this guard
+        self._paged = allocator_tap.is_paged(allocator)
 
     def install(self) -> PdGuard:
-        alloc = self.allocator
-        paged = hasattr(alloc, "_release_page_ids")
-        name = "_release_page_ids" if paged else "free"
-        original = getattr(alloc, name)
-        quarantine = self.quarantine
-        device = alloc.device
-
-        @functools.wraps(original)
-        def release(*args: Any) -> Any:
-            if paged:
-                kept = [_keep(quarantine, p, 1) for p in args]
-                kept = [k for k in kept if k.numel()]
-                return original(*kept) if kept else None
-            if not args or not args[0].numel():
-                return original(*args)
-            return original(_keep(quarantine, args[0], self.page_size), *args[1:])
-
-        def release_pages(pages: list[int]) -> None:
-            if not pages:
-                return
-            ids = torch.tensor(pages, dtype=torch.int64, device=device)
-            if paged:
-                original(ids)
-                return
-            slots = (ids[:, None] * self.page_size + torch.arange(self.page_size, device=device)).flatten()
-            original(slots)
-
-        setattr(alloc, name, release)
-        self._release = release_pages
-        original_clear = alloc.clear
-
-        @functools.wraps(original_clear)
-        def clear() -> None:
-            original_clear()
-            fenced = quarantine.fenced_pages()
-            if fenced:
-                # NOTE: a cleared pool lists every page free again; a fenced one must stay out until let go.
-                quarantine.hold_all_fenced()
-                _drop_from_free_list(alloc, fenced, self.page_size)
-
-        alloc.clear = clear
+        """Subscribe to the allocator's release and clear (:mod:`~sglang_iso.integration.allocator_tap`,
+        outermost: a held page reaches neither the owner table nor the scrubber until it is let go)."""
+        tap = allocator_tap.tap_of(self.allocator)
+        tap.subscribe(allocator_tap.RELEASE, Order.QUARANTINE, self._release)
+        tap.subscribe("clear", Order.QUARANTINE, self._clear)
         logger.info(
             "sglang-iso: PD %s transfer quarantine installed (drain timeout %.0fs)", self.mode, timeout_of(self)
         )
         return self
+
+    # ------------------------------------------------------------------ tap layers
+    def _release(self, below: Any, *args: Any) -> Any:
+        if self._paged:
+            kept = [_keep(self.quarantine, p, 1) for p in args]
+            kept = [k for k in kept if k.numel()]
+            return below(*kept) if kept else None
+        if not args or not args[0].numel():
+            return below(*args)
+        return below(_keep(self.quarantine, args[0], self.page_size), *args[1:])
+
+    def _clear(self, below: Any) -> None:
+        below()
+        fenced = self.quarantine.fenced_pages()
+        if fenced:
+            # NOTE: a cleared pool lists every page free again; a fenced one must stay out until let go.
+            self.quarantine.hold_all_fenced()
+            _drop_from_free_list(self.allocator, fenced, self.page_size)
+
+    def _release_pages(self, pages: list[int]) -> None:
+        """Free pages the quarantine let go, through the layers below it (owner table, scrubber)."""
+        if not pages:
+            return
+        device = self.allocator.device
+        ids = torch.tensor(pages, dtype=torch.int64, device=device)
+        tap = allocator_tap.tap_of(self.allocator)
+        if self._paged:
+            tap.call_below(allocator_tap.RELEASE, Order.QUARANTINE, ids)
+            return
+        slots = (ids[:, None] * self.page_size + torch.arange(self.page_size, device=device)).flatten()
+        tap.call_below(allocator_tap.RELEASE, Order.QUARANTINE, slots)
 
     # ------------------------------------------------------------------ events
     def fence(self, key: str, slots: Any) -> None:
@@ -147,14 +143,14 @@ class PdGuard:
         self.quarantine.fence(key, (int(p) for p in torch.unique(pages) if int(p) > 0))
 
     def succeeded(self, key: str) -> None:
-        self._release(self.quarantine.succeeded(key))
+        self._release_pages(self.quarantine.succeeded(key))
 
     def failed(self, key: str, probe: Any) -> None:
-        self._release(self.quarantine.failed(key, probe))
+        self._release_pages(self.quarantine.failed(key, probe))
 
     def tick(self) -> None:
         before = self.quarantine.timed_out_transfers
-        self._release(self.quarantine.poll())
+        self._release_pages(self.quarantine.poll())
         timed_out = self.quarantine.timed_out_transfers - before
         m = observability.metrics()
         if m is not None:
@@ -166,7 +162,7 @@ class PdGuard:
 
     def reclaim(self) -> int:
         pages = self.quarantine.reclaim_timed_out()
-        self._release(pages)
+        self._release_pages(pages)
         logger.warning("sglang-iso: reclaimed %d quarantined pages of timed-out transfers (scrubbed)", len(pages))
         return len(pages)
 
