@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sglang_iso import envvars
-from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
+from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
 
@@ -230,7 +230,7 @@ class OwnerTable:
     def _fill_allowed(self, slot: int, ns: str | None) -> None:
         """Write ``allowed[slot]``: the zero page's slot and the shared prefixes ``ns`` may read (fixed by
         configuration, so once per slot). Grows the table when needed (rare; scheduler thread)."""
-        shared = [self.slot_of(SHARED_NAMESPACE_PREFIX + name) for name in self.cache.readable_shared(ns)] if ns else []
+        shared = [self.slot_of(Namespace.shared_prefix(n).key) for n in self.cache.readable_shared(ns)] if ns else []
         row = [self.zero_owner, *shared]
         rows, width = self.allowed.shape
         if slot >= rows or len(row) > width:
@@ -253,7 +253,7 @@ class OwnerTable:
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self.page_owner[pages] = self.slot_of(SHARED_NAMESPACE_PREFIX + name)
+        self.page_owner[pages] = self.slot_of(Namespace.shared_prefix(name).key)
 
     # ------------------------------------------------------------------ the check
     def check_batch(self, forward_batch: Any) -> None:

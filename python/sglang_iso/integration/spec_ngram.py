@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sglang_iso import envvars
+from sglang_iso.identity.tags import tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class NamespacedNgramCorpus:
 
     def drop_tenant(self, tenant: str) -> int:
         """Forget the text of ``tenant``'s namespaces (``"*"``: every namespace), e.g. on a tenant flush."""
-        doomed = [ns for ns in self._corpora if tenant == "*" or self.resolver.tenant_of(ns) == tenant]
+        doomed = [ns for ns in self._corpora if tenant == "*" or tenant_of(ns) == tenant]
         for ns in doomed:
             del self._corpora[ns]
         return len(doomed)
@@ -247,9 +248,9 @@ class NamespacedNgramCorpus:
         if key not in self._resolved:
             if len(self._resolved) >= _MAX_RESOLVED:
                 self._resolved.clear()
-            ns = self.resolver.resolve(*key)
-            off = ns is not None and self.resolver.tenant_of(ns) in self.no_retention
-            self._resolved[key] = None if off else ns
+            ns = self.resolver.resolve_namespace(*key)
+            off = ns is not None and ns.tenant in self.no_retention
+            self._resolved[key] = None if off or ns is None else ns.key
         return self._resolved[key]
 
     @staticmethod
