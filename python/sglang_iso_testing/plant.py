@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_iso.identity.tags import tenant_of
+
 logger = logging.getLogger(__name__)
 
 COMMAND = "sglang_iso_testing.plant:"
@@ -147,7 +149,7 @@ def _table() -> Any:
 def _plant(table: Any, row: int, owner: int, req_to_token: Any, kind: str | None) -> bool:
     """Write one slot of a page another owner holds at position 0 of ``row``, if its tenant is armed."""
     ns = table.namespace_of(owner)
-    tenant = table.cache.resolver.tenant_of(ns) if ns else None
+    tenant = tenant_of(ns)
     armed = next((a for a in (tenant, f"{kind}:{tenant}" if kind else None) if a in _STATE.armed), None)
     if tenant is None or armed is None:
         return False

@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_iso.identity.tags import tenant_of
+
 logger = logging.getLogger(__name__)
 
 ZERO_DRAFT = "sglang_iso_testing.zero_draft:"
@@ -93,8 +95,7 @@ def _zero_draft_pages_of(table: Any, tenant: str) -> int:
 
     from sglang_iso_kernels import scrub_pages
 
-    resolver = table.cache.resolver
-    slots = [slot for slot in _owner_slots(table) if resolver.tenant_of(table.namespace_of(slot)) == tenant]
+    slots = [slot for slot in _owner_slots(table) if tenant_of(table.namespace_of(slot)) == tenant]
     if not slots or not table.draft_buffers:
         return 0
     mine = torch.isin(table.page_owner, torch.tensor(slots, dtype=torch.int32, device=table.page_owner.device))

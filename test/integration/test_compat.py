@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import pkgutil
+import re
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
+from sglang.srt.plugins.hook_registry import HookType
 
-from sglang_iso.integration.symbols import HOOKED_SYMBOLS, PINNED_SGLANG_VERSION, REQUIRED_HOOK_TARGETS
+import sglang_iso
+from sglang_iso.integration import hook_table
+from sglang_iso.integration.symbols import HOOKED_SYMBOLS, PINNED_SGLANG_VERSION
 
 
 def test_installed_sglang_is_the_pinned_release() -> None:
@@ -18,6 +24,8 @@ def test_installed_sglang_is_the_pinned_release() -> None:
 @pytest.mark.parametrize("symbol", HOOKED_SYMBOLS, ids=[s.path for s in HOOKED_SYMBOLS])
 def test_hooked_symbol_signature(symbol) -> None:  # type: ignore[no-untyped-def]
     obj = pkgutil.resolve_name(symbol.path)
+    if not symbol.params:
+        return  # a module, constant or class we only name
     if inspect.isclass(obj) and "__dataclass_fields__" in vars(obj):
         names = set(obj.__dataclass_fields__)
     else:
@@ -26,11 +34,54 @@ def test_hooked_symbol_signature(symbol) -> None:  # type: ignore[no-untyped-def
     assert not missing, f"{symbol.path} lost parameters {missing}; has {sorted(names)}"
 
 
-@pytest.mark.parametrize("target", REQUIRED_HOOK_TARGETS)
-def test_required_hook_targets_resolve(target: str) -> None:
-    module, _, attr = target.rpartition(".")
-    owner = pkgutil.resolve_name(module)
-    assert callable(getattr(owner, attr))
+@pytest.mark.parametrize("row", hook_table.HOOKS, ids=[f"{h.target}:{h.kind.name}" for h in hook_table.HOOKS])
+def test_hook_table_row_resolves_and_binds(row: hook_table.Hook) -> None:
+    module, _, attr = row.target.rpartition(".")
+    target = getattr(pkgutil.resolve_name(module), attr)
+    assert callable(target), row.target
+    hook = hook_table.resolve_hook(row)
+    # HookRegistry calls BEFORE hooks with the target's arguments, AFTER hooks with (result, *args),
+    # AROUND hooks with (original, *args): the hook must accept the target's required positional parameters.
+    params = inspect.signature(target).parameters.values()
+    required = [
+        p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    lead = [] if row.kind is HookType.BEFORE else ["result_or_original"]
+    inspect.signature(hook).bind(*lead, *required)
+
+
+def test_every_hooked_target_is_listed_in_symbols_with_its_hook_kinds() -> None:
+    by_path = {s.path.replace(":", "."): s for s in HOOKED_SYMBOLS}
+    wrong = []
+    for target in hook_table.targets():
+        symbol = by_path.get(target)
+        kinds = {h.kind.name for h in hook_table.HOOKS if h.target == target}
+        said = set(re.findall(r"\b(BEFORE|AFTER|AROUND|REPLACE)\b", symbol.use)) if symbol else None
+        if said != kinds:
+            wrong.append(f"{target}: symbols.py says {said}, the hook table registers {sorted(kinds)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_imported_sglang_name_is_listed_in_symbols() -> None:
+    listed = {s.path for s in HOOKED_SYMBOLS}
+    unlisted = []
+    for path in sorted(Path(sglang_iso.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("sglang."):
+                continue
+            for alias in node.names:
+                name = f"{node.module}:{alias.name}"
+                if name not in listed and not any(p.startswith(f"{name}.") for p in listed):
+                    unlisted.append(f"{name} ({path.name})")
+    assert not unlisted, f"imported from SGLang but not listed in symbols.py: {unlisted}"
+
+
+def test_required_groups_cover_the_startup_checks() -> None:
+    scheduler = hook_table.targets(required=hook_table.Required.SCHEDULER)
+    assert "sglang.srt.model_executor.model_runner.ModelRunner.forward" in scheduler
+    assert hook_table.targets(group="spec-draft")[0] in scheduler
+    assert len(hook_table.targets(required=hook_table.Required.PD)) == 10
+    assert {h.group for h in hook_table.HOOKS} == set(hook_table.GROUPS)
 
 
 def test_sgl_kernel_names_cover_what_sglang_imports_on_cpu() -> None:

@@ -11,8 +11,9 @@ from sglang.srt.mem_cache.registry import get_radix_cache_factory
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_iso import plugin
-from sglang_iso.integration import backend, hooks
-from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
+from sglang_iso.integration import backend, hook_table, hooks
+
+REQUIRED_HOOK_TARGETS = hook_table.targets(required=hook_table.Required.SCHEDULER)
 
 
 def test_entry_point_is_installed() -> None:

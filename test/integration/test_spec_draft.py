@@ -22,7 +22,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_iso.identity.tags import NamespaceResolver
-from sglang_iso.integration import owner_check, spec_draft
+from sglang_iso.integration import hook_table, owner_check, spec_draft
 from sglang_iso.integration.owner_check import OwnerTable
 from sglang_iso.integration.scrub import KvScrubber
 from sglang_iso.integration.tenant_cache import TenantRadixCache
@@ -55,7 +55,7 @@ def make(*, owners: bool = False) -> tuple[TenantRadixCache, PagedTokenToKVPoolA
 
 @pytest.fixture
 def hook_applied(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *spec_draft.HOOK_TARGETS})
+    monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *hook_table.targets(group="spec-draft")})
 
 
 def _poison(kv: MHATokenToKVPool, slots: torch.Tensor) -> None:
@@ -119,7 +119,7 @@ def test_zero_page_is_zero_in_the_draft_pool(hook_applied: None) -> None:
 def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, _, scheduler = make()
     if problem != "hook_missing":
-        monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *spec_draft.HOOK_TARGETS})
+        monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *hook_table.targets(group="spec-draft")})
     else:
         monkeypatch.setattr(HookRegistry, "_patched", set())
     runner = scheduler.draft_worker._draft_model_runners()[0]

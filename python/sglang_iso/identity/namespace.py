@@ -10,7 +10,8 @@ it computes :meth:`NamespaceKeyer.namespace_id` of the request's identity (owner
 model, tokenizer, adapter and its version, KV dtype, page size, client salt) and
 writes it, with the owner and a MAC, into the request's namespace tag
 (:mod:`sglang_iso.identity.tags`). The scheduler never recomputes it: it checks the
-tag's MAC and uses ``t:<owner>:<namespace id>`` as the tree namespace. Per-tenant
+tag's MAC and makes a :class:`~sglang_iso.identity.tags.Namespace` whose key,
+``t:<owner>:<namespace id>``, is the tree namespace. Per-tenant
 quotas and flushes go by the owner in the tag; the scope a shared prefix is valid
 in is the server's model (one per adapter load for LoRA namespaces), set by the
 tenant cache, not derived here.

@@ -33,8 +33,9 @@ import hashlib
 import hmac
 import logging
 import re
+from typing import Literal, NamedTuple
 
-from sglang_iso.constants import MIN_SECRET_BYTES
+from sglang_iso.constants import MIN_SECRET_BYTES, SHARED_NAMESPACE_PREFIX
 from sglang_iso.names import TENANT_ID_PATTERN
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,60 @@ def _frame(*fields: str | None) -> bytes:
     return bytes(out)
 
 
+class Namespace(NamedTuple):
+    """A tree namespace: what the resolver decided, with its fields, and the key the tree files it under.
+
+    Made by :class:`NamespaceResolver` (tenant and open namespaces) or :meth:`shared_prefix`; code that holds
+    only a key reads it back with :meth:`parse`, the one reader of the key format::
+
+        t:<tenant>:<namespace id>[:<LoRA id>]   tenants mode: a verified tag (tenant = the tag's owner)
+        open:<hash>                             open mode: hash of (extra_key, cache_salt)
+        shared:<name>                           an operator-declared shared prefix
+    """
+
+    kind: Literal["tenant", "open", "shared"]
+    key: str
+    """The tree's namespace id (dict key of the tree, the tiers, the owner table and the NGRAM corpora)."""
+    tenant: str | None = None
+    """The tag's owner (tenant id or cache group); None for open and shared namespaces."""
+    adapter: str | None = None
+    """The LoRA load id the namespace is narrowed to; None for the base model."""
+    shared: str | None = None
+    """The declared shared prefix's name (``kind == "shared"``)."""
+
+    @classmethod
+    def of_tenant(cls, tenant: str, namespace_id: str, adapter: str | None = None) -> Namespace:
+        key = f"t:{tenant}:{namespace_id}" + (f":{adapter}" if adapter else "")
+        return cls("tenant", key, tenant=tenant, adapter=adapter or None)
+
+    @classmethod
+    def shared_prefix(cls, name: str) -> Namespace:
+        return cls("shared", SHARED_NAMESPACE_PREFIX + name, shared=name)
+
+    @classmethod
+    def parse(cls, key: str) -> Namespace | None:
+        """The namespace a key names, or None for a key of no known shape."""
+        if key.startswith(SHARED_NAMESPACE_PREFIX):
+            return cls.shared_prefix(key[len(SHARED_NAMESPACE_PREFIX) :])
+        if key.startswith("open:"):
+            return cls("open", key)
+        parts = key.split(":")
+        if parts[0] == "t" and len(parts) in (3, 4):
+            return cls.of_tenant(parts[1], parts[2], parts[3] if len(parts) == 4 else None)
+        return None
+
+    @property
+    def owner(self) -> str:
+        """Whose quotas, flushes and rows the namespace counts under: the tenant, or ``"open"``."""
+        return self.tenant or "open"
+
+
+def tenant_of(key: str | None) -> str | None:
+    """The tenant id of a tenants-mode namespace key (None for any other key)."""
+    ns = Namespace.parse(key) if key else None
+    return ns.tenant if ns is not None else None
+
+
 class NamespaceResolver:
     """Maps a key's ``(extra_key, cache_salt)`` to a tree namespace, or None (no sharing)."""
 
@@ -84,8 +139,16 @@ class NamespaceResolver:
         return "open" if self._secret is None else "tenants"
 
     def resolve(self, extra_key: str | None, cache_salt: str | None) -> str | None:
+        """The key of :meth:`resolve_namespace`'s namespace, or None."""
+        ns = self.resolve_namespace(extra_key, cache_salt)
+        return ns.key if ns is not None else None
+
+    def resolve_namespace(self, extra_key: str | None, cache_salt: str | None) -> Namespace | None:
+        """The namespace a key's ``(extra_key, cache_salt)`` belongs to; None: no sharing (counted)."""
         if self._secret is None:
-            return "open:" + hashlib.blake2b(_frame(extra_key, cache_salt), digest_size=16).hexdigest()
+            return Namespace(
+                "open", "open:" + hashlib.blake2b(_frame(extra_key, cache_salt), digest_size=16).hexdigest()
+            )
         if not extra_key or _LORA_ID_RE.fullmatch(extra_key):
             # The front end tags every authenticated request; untagged ones are internal (e.g. /health),
             # possibly with a LoRA id that SGLang appended to an empty key.
@@ -99,19 +162,7 @@ class NamespaceResolver:
         if not hmac.compare_digest(mac, _mac(self._secret, tenant, namespace_id)):
             self._reject(f"bad namespace tag MAC for tenant {tenant!r}")
             return None
-        return f"t:{tenant}:{namespace_id}" + (f":{lora_id}" if lora_id else "")
-
-    @staticmethod
-    def tenant_of(namespace: str) -> str | None:
-        """The tenant id of a ``tenants``-mode namespace."""
-        parts = namespace.split(":")
-        return parts[1] if len(parts) in (3, 4) and parts[0] == "t" else None
-
-    @staticmethod
-    def adapter_of(namespace: str) -> str | None:
-        """The LoRA id a ``tenants``-mode namespace is narrowed to; None for base-model namespaces."""
-        parts = namespace.split(":")
-        return parts[3] if len(parts) == 4 and parts[0] == "t" else None
+        return Namespace.of_tenant(tenant, namespace_id, lora_id)
 
     def _reject(self, why: str) -> None:
         # SECURITY: fail closed; the request is served, but shares nothing.

@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.plugins.hook_registry import HookRegistry
-
 from sglang_iso import envvars
 from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.integration import hook_table
 from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
-from sglang_iso.integration.symbols import REQUIRED_HOOK_TARGETS
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 from sglang_iso.server.speculative import uncovered_speculative
 
@@ -52,7 +50,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         UnsupportedConfigError: hybrid (SWA/Mamba) models, speculative decoding with a draft model or
             hierarchical-cache features (L3 storage backends other than file), which the tenant tree does not cover.
     """
-    missing = [t for t in REQUIRED_HOOK_TARGETS if t not in HookRegistry._patched]
+    missing = hook_table.missing(required=hook_table.Required.SCHEDULER)
     if missing:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
     unsupported = {
@@ -130,7 +128,7 @@ def _attach_pd_guard(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret
         raise UnsupportedConfigError("sglang-iso: --disaggregation-mode needs --tenants-file (its secret keys the tag)")
     from sglang_iso.integration import pd_transfer
 
-    missing = [t for t in pd_transfer.HOOK_TARGETS if t not in HookRegistry._patched]
+    missing = hook_table.missing(required=hook_table.Required.PD)
     if missing:
         raise UnsupportedConfigError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
     guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, pd_transfer.drain_timeout_s())

@@ -57,7 +57,8 @@ class CacheReport:
         c = self.cache
         out: dict[str, dict[str, int | None]] = {}
         for ns in c.namespaces():
-            owner = c.resolver.tenant_of(ns) or "open"
+            namespace = c.namespace_of(ns)
+            owner = namespace.owner if namespace is not None else "open"
             st = c.tree.stats(ns)
             row = out.setdefault(
                 owner,

@@ -18,19 +18,11 @@ import logging
 import os
 from typing import Any
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
 from sglang_iso.server.dp import tenant_rank
 
 logger = logging.getLogger(__name__)
 
-TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
-
 _owners: dict[str, str] | None = None  # tenant id -> namespace owner (group or id), read once per process
-
-
-def install() -> None:
-    HookRegistry.register(TARGET, route_to_tenant_rank, HookType.BEFORE)
 
 
 def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""Hooks sglang-iso installs through SGLang's HookRegistry.
+"""The scheduler-process hooks of :mod:`sglang_iso.integration.hook_table` (tree cache check, /iso commands).
 
 All of them run in the scheduler process. They never swallow errors: a failed
 check stops the scheduler before it serves a request.
@@ -10,8 +10,6 @@ import logging
 import os
 from typing import Any
 
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
 from sglang_iso import envvars
 
 logger = logging.getLogger(__name__)
@@ -22,55 +20,6 @@ REQUIRE_ENV = envvars.REQUIRE_TENANT_CACHE.name
 
 class UnhardenedCacheError(RuntimeError):
     """The scheduler's live tree cache is not sglang-iso's tenant cache."""
-
-
-def install() -> None:
-    """Register every hook (applied by SGLang's ``load_plugins``)."""
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.__init__", refuse_uncovered_speculative, HookType.BEFORE
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.__init__", verify_scheduler_tree_cache, HookType.AFTER
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
-        report_internal_state,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
-        handle_iso_commands,
-        HookType.AROUND,
-    )
-    from sglang_iso.integration import fairness, owner_check, request_guard
-
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
-        request_guard.guard_generate_request,
-        HookType.AROUND,
-    )
-
-    HookRegistry.register(
-        "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
-        fairness.reorder_waiting_queue,
-        HookType.AFTER,
-    )
-
-    HookRegistry.register(
-        "sglang.srt.model_executor.model_runner.ModelRunner.forward",
-        owner_check.check_before_forward,
-        HookType.BEFORE,
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
-        owner_check.abort_before_results,
-        HookType.BEFORE,
-    )
-    from sglang_iso.integration import pd_transfer, spec_draft, spec_ngram
-
-    spec_ngram.install()
-    spec_draft.install()
-    pd_transfer.install()
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:

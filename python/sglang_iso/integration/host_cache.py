@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from sglang_iso.cache.host_tier import Digests, HostTier
-from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
+from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration.l3_store import FileL3Store, page_payload, payload_rows
 from sglang_iso.integration.scrub import kv_buffers
 
@@ -68,9 +68,10 @@ def l3_owner_of(resolver: Any) -> Callable[[str], str]:
     """The owner (tenant or cache group id) of a namespace for L3 flushes and quotas."""
 
     def owner(ns: str) -> str:
-        if ns.startswith(SHARED_NAMESPACE_PREFIX):
-            return SHARED_L3_OWNER
-        return resolver.tenant_of(ns) or "open"
+        namespace = Namespace.parse(ns)
+        if namespace is None:
+            return "open"
+        return SHARED_L3_OWNER if namespace.kind == "shared" else namespace.owner
 
     return owner
 
@@ -186,7 +187,7 @@ class HostCache:
         route = self.cache.tree.shared_route(ns, tokens) if found.prefix_len == 0 else None
         if route is not None:
             name, length = route
-            loaded = self._load_run(SHARED_NAMESPACE_PREFIX + name, ns, tokens[:length], found, shared=name)
+            loaded = self._load_run(Namespace.shared_prefix(name).key, ns, tokens[:length], found, shared=name)
             if not loaded:
                 return 0
             found = self.cache.tree.match(ns, tokens)
@@ -315,7 +316,7 @@ class HostCache:
 
     def _shared_totals(self) -> dict[str, int]:
         """Host residency and loads of the declared shared prefixes (no tenant's row counts them)."""
-        rows = [self.tier.stats(ns) for ns in self.tier.namespaces() if ns.startswith(SHARED_NAMESPACE_PREFIX)]
+        rows = [self.tier.stats(ns) for ns in self.tier.namespaces() if _is_shared(ns)]
         return {
             "host_shared_resident_tokens": sum(r.resident_tokens for r in rows),
             "host_shared_loaded_tokens": sum(r.loaded_tokens for r in rows),
@@ -377,3 +378,8 @@ class HostCache:
             return None
         slots = allocator.alloc(n)
         return None if slots is None else slots.to(torch.int64)
+
+
+def _is_shared(ns: str) -> bool:
+    namespace = Namespace.parse(ns)
+    return namespace is not None and namespace.kind == "shared"

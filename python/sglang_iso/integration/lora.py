@@ -21,17 +21,11 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from fastapi import HTTPException
-from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
 from sglang_iso import observability
 from sglang_iso.server import adapters
 
 logger = logging.getLogger(__name__)
-
-_LOAD_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.load_lora_adapter"
-_TENSORS_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.load_lora_adapter_from_tensors"
-_UNLOAD_TARGET = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.unload_lora_adapter"
-LORA_HOOK_TARGETS = (_LOAD_TARGET, _TENSORS_TARGET, _UNLOAD_TARGET)
 
 _versions: dict[str, str] = {}  # lora_id -> content hash of the files it was loaded from (or a per-load marker)
 
@@ -56,13 +50,6 @@ class AdapterNotLoaded(ValueError):
     """A request named an adapter that is not loaded; SGLang answers a ValueError with ``status_code``."""
 
     status_code = 400
-
-
-def install() -> None:
-    """Register the load/unload hooks (every process; they act only in the tokenizer manager)."""
-    HookRegistry.register(_LOAD_TARGET, after_load, HookType.AROUND)
-    HookRegistry.register(_TENSORS_TARGET, after_tensor_load, HookType.AROUND)
-    HookRegistry.register(_UNLOAD_TARGET, after_unload, HookType.AROUND)
 
 
 def resolve(manager: Any, allowed: Collection[str], lora_path: object) -> AdapterIdentity | None:

@@ -36,7 +36,6 @@ PD decode workers fill pages by transfer, which no forward adopts.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import weakref
 from typing import Any, NamedTuple
@@ -44,7 +43,9 @@ from typing import Any, NamedTuple
 import torch
 
 from sglang_iso import envvars
-from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
+from sglang_iso.identity.tags import Namespace
+from sglang_iso.integration import allocator_tap
+from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
@@ -143,67 +144,60 @@ class OwnerTable:
 
     # ------------------------------------------------------------------ wiring
     def install(self) -> OwnerTable:
+        """Subscribe to the allocator's release and clear and the row pool's alloc and free_rows
+        (:mod:`~sglang_iso.integration.allocator_tap`: inside the PD quarantine, outside the scrubber)."""
         alloc = self.cache.token_to_kv_pool_allocator
-        pool = self.cache.req_to_token_pool
-        original_clear = alloc.clear
-
-        @functools.wraps(original_clear)
-        def clear() -> None:
-            # A cleared pool frees every page, the zero page too: take a fresh one.
-            original_clear()
-            self.page_owner.fill_(FREE)
-            self.zero_page = self._reserve_zero_page()
-
-        alloc.clear = clear
-        paged = hasattr(alloc, "_release_page_ids")
-        name = "_release_page_ids" if paged else "free"
-        original = getattr(alloc, name)
-
-        @functools.wraps(original)
-        def release(*args: Any) -> Any:
-            # The zero page is never released: a row slot replaced by it must not free it.
-            if paged:
-                args = tuple(p[p != self.zero_page] for p in args)
-                for pages in args:
-                    self.page_owner[pages.to(torch.int64)] = FREE
-            elif args and args[0].numel():
-                slots = args[0]
-                args = (slots[slots // self.page_size != self.zero_page], *args[1:])
-                if alloc.free_group is None:
-                    self.page_owner[args[0].to(torch.int64) // self.page_size] = FREE
-            return original(*args)
-
-        setattr(alloc, name, release)
-        original_alloc = pool.alloc
-
-        @functools.wraps(original_alloc)
-        def alloc_rows_for(reqs: list[Any]) -> Any:
-            out = original_alloc(reqs)
-            if out is not None and reqs:
-                rows = [int(req.kv.req_pool_idx) for req in reqs]
-                owners = [self.owner_of_req(req) for req in reqs]
-                for row, req in zip(rows, reqs, strict=True):
-                    self._row_req[row] = weakref.ref(req)
-                self.row_owner[torch.tensor(rows, dtype=torch.int64)] = torch.tensor(owners, dtype=torch.int32).to(
-                    self.row_owner.device
-                )
-            return out
-
-        pool.alloc = alloc_rows_for
-        original_free_rows = pool.free_rows
-
-        @functools.wraps(original_free_rows)
-        def free_rows(indices: Any) -> None:
-            rows = [int(i) for i in indices]
-            for row in rows:
-                self._row_req.pop(row, None)
-            if rows:
-                self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
-            original_free_rows(indices)
-
-        pool.free_rows = free_rows
+        tap = allocator_tap.tap_of(alloc)
+        tap.subscribe("clear", Order.OWNER, self._clear)
+        paged = allocator_tap.is_paged(alloc)
+        tap.subscribe(allocator_tap.RELEASE, Order.OWNER, self._release_paged if paged else self._free)
+        rows = allocator_tap.tap_of(self.cache.req_to_token_pool)
+        rows.subscribe("alloc", Order.OWNER, self._alloc_rows)
+        rows.subscribe("free_rows", Order.OWNER, self._free_rows)
         logger.info("sglang-iso: KV owner check installed (zero page %d)", self.zero_page)
         return self
+
+    # ------------------------------------------------------------------ tap layers
+    def _clear(self, below: Any) -> None:
+        # A cleared pool frees every page, the zero page too: take a fresh one.
+        below()
+        self.page_owner.fill_(FREE)
+        self.zero_page = self._reserve_zero_page()
+
+    def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
+        # The zero page is never released: a row slot replaced by it must not free it.
+        page_ids = tuple(p[p != self.zero_page] for p in page_ids)
+        for pages in page_ids:
+            self.page_owner[pages.to(torch.int64)] = FREE
+        return below(*page_ids)
+
+    def _free(self, below: Any, *args: Any) -> Any:
+        if args and args[0].numel():
+            slots = args[0]
+            args = (slots[slots // self.page_size != self.zero_page], *args[1:])
+            if self.cache.token_to_kv_pool_allocator.free_group is None:
+                self.page_owner[args[0].to(torch.int64) // self.page_size] = FREE
+        return below(*args)
+
+    def _alloc_rows(self, below: Any, reqs: list[Any]) -> Any:
+        out = below(reqs)
+        if out is not None and reqs:
+            rows = [int(req.kv.req_pool_idx) for req in reqs]
+            owners = [self.owner_of_req(req) for req in reqs]
+            for row, req in zip(rows, reqs, strict=True):
+                self._row_req[row] = weakref.ref(req)
+            self.row_owner[torch.tensor(rows, dtype=torch.int64)] = torch.tensor(owners, dtype=torch.int32).to(
+                self.row_owner.device
+            )
+        return out
+
+    def _free_rows(self, below: Any, indices: Any) -> None:
+        rows = [int(i) for i in indices]
+        for row in rows:
+            self._row_req.pop(row, None)
+        if rows:
+            self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
+        below(indices)
 
     def add_draft_buffers(self, buffers: list[torch.Tensor]) -> None:
         """A draft model's KV buffers index the same slots: its zero page is zeroed too and checked by the
@@ -236,7 +230,7 @@ class OwnerTable:
     def _fill_allowed(self, slot: int, ns: str | None) -> None:
         """Write ``allowed[slot]``: the zero page's slot and the shared prefixes ``ns`` may read (fixed by
         configuration, so once per slot). Grows the table when needed (rare; scheduler thread)."""
-        shared = [self.slot_of(SHARED_NAMESPACE_PREFIX + name) for name in self.cache.readable_shared(ns)] if ns else []
+        shared = [self.slot_of(Namespace.shared_prefix(n).key) for n in self.cache.readable_shared(ns)] if ns else []
         row = [self.zero_owner, *shared]
         rows, width = self.allowed.shape
         if slot >= rows or len(row) > width:
@@ -259,7 +253,7 @@ class OwnerTable:
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self.page_owner[pages] = self.slot_of(SHARED_NAMESPACE_PREFIX + name)
+        self.page_owner[pages] = self.slot_of(Namespace.shared_prefix(name).key)
 
     # ------------------------------------------------------------------ the check
     def check_batch(self, forward_batch: Any) -> None:

@@ -4,7 +4,7 @@ Installed by the tenant cache factory on a PD worker (``--disaggregation-mode
 prefill|decode``). Two defenses, on top of the scrubber and the gate:
 
 * **Quarantine** (:class:`~sglang_iso.cache.quarantine.PageQuarantine`). The
-  allocator's release path is wrapped (outermost, after scrub and owner check):
+  allocator's release path is tapped (outermost: before the owner check and the scrubber see a page):
   a page some transfer may still read (prefill) or write (decode) is held back
   instead of freed, and freed - through the scrubber - only when the transfer
   succeeded, or failed and is known drained. A failed transfer not drained in
@@ -29,7 +29,6 @@ Fault injection for tests plugs in at :data:`FAULTS` (a no-op here; the test-onl
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -38,6 +37,8 @@ import torch
 from sglang_iso import envvars, observability
 from sglang_iso.cache.quarantine import PageQuarantine
 from sglang_iso.identity.transfer_tag import TAG_WORDS, tag_matches, transfer_tag
+from sglang_iso.integration import allocator_tap
+from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
@@ -65,22 +66,6 @@ class FaultSeam:
 
 FAULTS = FaultSeam()
 
-_PREFILL = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
-_DECODE_PREALLOC = "sglang.srt.disaggregation.decode.DecodePreallocQueue"
-_DECODE_TRANSFER = "sglang.srt.disaggregation.decode.DecodeTransferQueue"
-HOOK_TARGETS = (
-    f"{_PREFILL}.send_kv_chunk",
-    f"{_PREFILL}.process_disagg_prefill_inflight_queue",
-    f"{_PREFILL}.handle_inflight_transfer_failure",
-    f"{_PREFILL}._retire_aborted_prefill_result",
-    "sglang.srt.disaggregation.utils.MetadataBuffers.set_buf",
-    f"{_DECODE_PREALLOC}._send_kv_metadata",
-    f"{_DECODE_TRANSFER}._commit_transfer_to_req",
-    f"{_DECODE_TRANSFER}._abort_failed_transfer",
-    f"{_DECODE_TRANSFER}._do_release",
-    f"{_DECODE_TRANSFER}.pop_transferred",
-)
-
 
 def drain_timeout_s() -> float:
     """Raises:
@@ -96,26 +81,6 @@ def drain_timeout_s() -> float:
     return value
 
 
-def install() -> None:
-    """Register the PD hooks (from the plugin, in every process; they act only where a guard is active)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    after, before, around = HookType.AFTER, HookType.BEFORE, HookType.AROUND
-    for target, fn, kind in (
-        (HOOK_TARGETS[0], _after_send_kv_chunk, after),
-        (HOOK_TARGETS[1], _after_prefill_inflight, after),
-        (HOOK_TARGETS[2], _before_prefill_failure, before),
-        (HOOK_TARGETS[3], _before_prefill_abort, before),
-        (HOOK_TARGETS[4], _after_set_buf, after),
-        (HOOK_TARGETS[5], _after_send_kv_metadata, after),
-        (HOOK_TARGETS[6], _around_commit, around),
-        (HOOK_TARGETS[7], _before_decode_failure, before),
-        (HOOK_TARGETS[8], _before_do_release, before),
-        (HOOK_TARGETS[9], _after_pop_transferred, after),
-    ):
-        HookRegistry.register(target, fn, kind)
-
-
 class PdGuard:
     """The quarantine and tag check of one PD worker's KV pool. Scheduler thread only."""
 
@@ -128,54 +93,49 @@ class PdGuard:
         self.tag_violations = 0  # decode: transfers whose tag did not match the request's namespace
         self.tags_checked = 0
         self._drained_keys: set[str] = set()  # decode: failed transfers whose prefill acked the drain
-        self._release: Any = None  # the allocator's release, below this guard
+        self._paged = allocator_tap.is_paged(allocator)
 
     def install(self) -> PdGuard:
-        alloc = self.allocator
-        paged = hasattr(alloc, "_release_page_ids")
-        name = "_release_page_ids" if paged else "free"
-        original = getattr(alloc, name)
-        quarantine = self.quarantine
-        device = alloc.device
-
-        @functools.wraps(original)
-        def release(*args: Any) -> Any:
-            if paged:
-                kept = [_keep(quarantine, p, 1) for p in args]
-                kept = [k for k in kept if k.numel()]
-                return original(*kept) if kept else None
-            if not args or not args[0].numel():
-                return original(*args)
-            return original(_keep(quarantine, args[0], self.page_size), *args[1:])
-
-        def release_pages(pages: list[int]) -> None:
-            if not pages:
-                return
-            ids = torch.tensor(pages, dtype=torch.int64, device=device)
-            if paged:
-                original(ids)
-                return
-            slots = (ids[:, None] * self.page_size + torch.arange(self.page_size, device=device)).flatten()
-            original(slots)
-
-        setattr(alloc, name, release)
-        self._release = release_pages
-        original_clear = alloc.clear
-
-        @functools.wraps(original_clear)
-        def clear() -> None:
-            original_clear()
-            fenced = quarantine.fenced_pages()
-            if fenced:
-                # NOTE: a cleared pool lists every page free again; a fenced one must stay out until let go.
-                quarantine.hold_all_fenced()
-                _drop_from_free_list(alloc, fenced, self.page_size)
-
-        alloc.clear = clear
+        """Subscribe to the allocator's release and clear (:mod:`~sglang_iso.integration.allocator_tap`,
+        outermost: a held page reaches neither the owner table nor the scrubber until it is let go)."""
+        tap = allocator_tap.tap_of(self.allocator)
+        tap.subscribe(allocator_tap.RELEASE, Order.QUARANTINE, self._release)
+        tap.subscribe("clear", Order.QUARANTINE, self._clear)
         logger.info(
             "sglang-iso: PD %s transfer quarantine installed (drain timeout %.0fs)", self.mode, timeout_of(self)
         )
         return self
+
+    # ------------------------------------------------------------------ tap layers
+    def _release(self, below: Any, *args: Any) -> Any:
+        if self._paged:
+            kept = [_keep(self.quarantine, p, 1) for p in args]
+            kept = [k for k in kept if k.numel()]
+            return below(*kept) if kept else None
+        if not args or not args[0].numel():
+            return below(*args)
+        return below(_keep(self.quarantine, args[0], self.page_size), *args[1:])
+
+    def _clear(self, below: Any) -> None:
+        below()
+        fenced = self.quarantine.fenced_pages()
+        if fenced:
+            # NOTE: a cleared pool lists every page free again; a fenced one must stay out until let go.
+            self.quarantine.hold_all_fenced()
+            _drop_from_free_list(self.allocator, fenced, self.page_size)
+
+    def _release_pages(self, pages: list[int]) -> None:
+        """Free pages the quarantine let go, through the layers below it (owner table, scrubber)."""
+        if not pages:
+            return
+        device = self.allocator.device
+        ids = torch.tensor(pages, dtype=torch.int64, device=device)
+        tap = allocator_tap.tap_of(self.allocator)
+        if self._paged:
+            tap.call_below(allocator_tap.RELEASE, Order.QUARANTINE, ids)
+            return
+        slots = (ids[:, None] * self.page_size + torch.arange(self.page_size, device=device)).flatten()
+        tap.call_below(allocator_tap.RELEASE, Order.QUARANTINE, slots)
 
     # ------------------------------------------------------------------ events
     def fence(self, key: str, slots: Any) -> None:
@@ -183,14 +143,14 @@ class PdGuard:
         self.quarantine.fence(key, (int(p) for p in torch.unique(pages) if int(p) > 0))
 
     def succeeded(self, key: str) -> None:
-        self._release(self.quarantine.succeeded(key))
+        self._release_pages(self.quarantine.succeeded(key))
 
     def failed(self, key: str, probe: Any) -> None:
-        self._release(self.quarantine.failed(key, probe))
+        self._release_pages(self.quarantine.failed(key, probe))
 
     def tick(self) -> None:
         before = self.quarantine.timed_out_transfers
-        self._release(self.quarantine.poll())
+        self._release_pages(self.quarantine.poll())
         timed_out = self.quarantine.timed_out_transfers - before
         m = observability.metrics()
         if m is not None:
@@ -202,7 +162,7 @@ class PdGuard:
 
     def reclaim(self) -> int:
         pages = self.quarantine.reclaim_timed_out()
-        self._release(pages)
+        self._release_pages(pages)
         logger.warning("sglang-iso: reclaimed %d quarantined pages of timed-out transfers (scrubbed)", len(pages))
         return len(pages)
 
@@ -274,7 +234,7 @@ def _namespace(req: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------- prefill hooks
-def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None or req.bootstrap_room is None or req.kv.req_pool_idx is None:
         return
@@ -285,7 +245,7 @@ def _after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **
         FAULTS.after_fence(guard, req.disagg_kv_sender, transfer_key(req))
 
 
-def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
+def after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None:
         return
@@ -295,12 +255,12 @@ def _after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
     guard.tick()
 
 
-def _before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.failed(transfer_key(req), _prefill_probe(req))
 
 
-def _before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.failed(transfer_key(req), _prefill_probe(req))
 
@@ -330,7 +290,7 @@ def prefill_room_idle(mgr: Any, room: int) -> bool:
     return bool(failed and mgr._staging_outstanding.get(room, 0) <= 0)
 
 
-def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+def after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None or guard.mode != "prefill" or req.bootstrap_room is None:
         return
@@ -339,7 +299,7 @@ def _after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: A
 
 
 # ---------------------------------------------------------------------- decode hooks
-def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
+def after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
     guard = ACTIVE
     if guard is None or str(kw.get("destination", "")).lower().endswith("host"):
         return
@@ -348,7 +308,7 @@ def _after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indice
     FAULTS.after_fence(guard, decode_req.kv_receiver, key)
 
 
-def _around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
+def around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
     guard = ACTIVE
     if guard is None:
         return original(queue, decode_req, *args, **kwargs)
@@ -393,7 +353,7 @@ def _refuse_transfer(guard: PdGuard, decode_req: Any) -> None:
     decode_req.kv_receiver = None
 
 
-def _before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+def before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     guard = ACTIVE
     if guard is None:
         return
@@ -404,7 +364,7 @@ def _before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: A
     guard.failed(key, FAULTS.probe_override(key) or default)
 
 
-def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
+def before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     """Read the prefill's drain ack before SGLang forgets it (``_do_release`` clears the tracker)."""
     guard = ACTIVE
     receiver = decode_req.kv_receiver
@@ -420,6 +380,6 @@ def _before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -
         guard.note_drained(transfer_key(decode_req.req))
 
 
-def _after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
+def after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
     if ACTIVE is not None:
         ACTIVE.tick()

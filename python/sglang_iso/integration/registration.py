@@ -7,7 +7,7 @@ import logging
 from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
 
 from sglang_iso.constants import BACKEND_NAME
-from sglang_iso.integration import dp_routing, frontend, hooks
+from sglang_iso.integration import hook_table
 from sglang_iso.integration.backend import build_tenant_cache
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,5 @@ def install() -> None:
     if get_radix_cache_factory(BACKEND_NAME) is not None:
         return
     register_radix_cache_backend(BACKEND_NAME, build_tenant_cache)
-    hooks.install()
-    frontend.install()
-    dp_routing.install()
+    hook_table.install()
     logger.info("sglang-iso: registered radix cache backend %r", BACKEND_NAME)

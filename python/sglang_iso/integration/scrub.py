@@ -1,8 +1,9 @@
 """Scrub-on-free: freed KV pages are zeroed before anyone can be handed them again.
 
 Installed on the allocator instance the tenant cache receives (not only on tree
-eviction), so all free paths are covered: tree eviction, duplicate slots after
-insert, request release and tenant flush all end in the allocator's release.
+eviction), through its :mod:`~sglang_iso.integration.allocator_tap`, so all free
+paths are covered: tree eviction, duplicate slots after insert, request release
+and tenant flush all end in the allocator's release.
 
     allocator release (page 1: ``free``; paged: ``_release_page_ids``)
         -> page ids recorded as pending, then released as upstream does
@@ -18,11 +19,13 @@ page races with its zeroing (overlap scheduler). Freed request rows of
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 import torch
+
+from sglang_iso.integration import allocator_tap
+from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
@@ -55,37 +58,22 @@ class KvScrubber:
         self.draft_buffers = 0  # how many of ``buffers`` belong to a draft model's pool
 
     def install(self) -> KvScrubber:
-        """Wrap the allocator's release and hand-out methods and the request pool's row release."""
+        """Subscribe to the allocator's release and hand-out and the request pool's row release
+        (:mod:`~sglang_iso.integration.allocator_tap`, innermost: it sees what the other layers release)."""
         alloc = self.allocator
-        paged = hasattr(alloc, "_release_page_ids")
-        release_name = "_release_page_ids" if paged else "free"
-        if not paged:
-            original_free = alloc.free
-
-            @functools.wraps(original_free)
-            def free(free_index: torch.Tensor) -> None:
-                if free_index.numel() and alloc.free_group is None:
-                    self.pending.append(free_index.detach().clone())
-                original_free(free_index)
-
-            alloc.free = free
-        else:
-            original_release = alloc._release_page_ids
-
-            @functools.wraps(original_release)
-            def release(*page_ids: torch.Tensor) -> None:
-                self.pending.extend(p.detach().clone() for p in page_ids if p.numel())
-                original_release(*page_ids)
-
-            alloc._release_page_ids = release
+        paged = allocator_tap.is_paged(alloc)
+        tap = allocator_tap.tap_of(alloc)
+        tap.subscribe(allocator_tap.RELEASE, Order.SCRUB, self._release_paged if paged else self._free)
         for name in _ALLOC_METHODS:
             if hasattr(alloc, name):
-                setattr(alloc, name, self._flush_before(getattr(alloc, name)))
-        self._wrap_row_release()
+                tap.subscribe(name, Order.SCRUB, self._flush_before)
+        pool = self.req_to_token_pool
+        if pool is not None and hasattr(pool, "free_rows"):
+            allocator_tap.tap_of(pool).subscribe("free_rows", Order.SCRUB, self._reset_rows)
         logger.info(
             "sglang-iso: scrub-on-free installed on %s.%s (%d buffers, page size %d)",
             type(alloc).__name__,
-            release_name,
+            allocator_tap.allocator_release_name(alloc),
             len(self.buffers),
             self.page_size,
         )
@@ -123,30 +111,27 @@ class KvScrubber:
             "draft_buffers": self.draft_buffers,
         }
 
-    def _flush_before(self, method: Any) -> Any:
-        @functools.wraps(method)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.flush()
-            return method(*args, **kwargs)
+    # ------------------------------------------------------------------ tap layers
+    def _free(self, below: Any, free_index: torch.Tensor) -> None:
+        if free_index.numel() and self.allocator.free_group is None:
+            self.pending.append(free_index.detach().clone())
+        below(free_index)
 
-        return wrapper
+    def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> None:
+        self.pending.extend(p.detach().clone() for p in page_ids if p.numel())
+        below(*page_ids)
 
-    def _wrap_row_release(self) -> None:
-        pool = self.req_to_token_pool
-        if pool is None or not hasattr(pool, "free_rows"):
-            return
-        original_free_rows = pool.free_rows
+    def _flush_before(self, below: Any, *args: Any, **kwargs: Any) -> Any:
+        self.flush()
+        return below(*args, **kwargs)
 
-        @functools.wraps(original_free_rows)
-        def free_rows(indices: Any) -> None:
-            rows = [int(i) for i in indices]
-            if rows:
-                # Slot 0 is the padding sink: a reset row points nowhere real.
-                pool.req_to_token[rows] = 0
-                self.reset_rows += len(rows)
-            original_free_rows(indices)
-
-        pool.free_rows = free_rows
+    def _reset_rows(self, below: Any, indices: Any) -> None:
+        rows = [int(i) for i in indices]
+        if rows:
+            # Slot 0 is the padding sink: a reset row points nowhere real.
+            self.req_to_token_pool.req_to_token[rows] = 0
+            self.reset_rows += len(rows)
+        below(indices)
 
 
 def kv_buffers(kvcache: Any) -> list[torch.Tensor]:

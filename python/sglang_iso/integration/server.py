@@ -36,12 +36,11 @@ def _require_frontend_hooks() -> None:
     Raises:
         RuntimeError: naming the hooks that are missing.
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    from sglang_iso.integration.frontend import FRONTEND_HOOK_TARGETS, TENANTS_FILE_ENV
+    from sglang_iso.integration import hook_table
+    from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 
     if not os.environ.get(TENANTS_FILE_ENV):
         return
-    missing = [t for t in FRONTEND_HOOK_TARGETS if t not in HookRegistry._patched]
+    missing = hook_table.missing(required=hook_table.Required.TENANTS_FILE)
     if missing:
         raise RuntimeError(f"sglang-iso: tenant front-end hooks were not applied: {missing}; refusing to serve")

@@ -36,19 +36,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
-HOOK_TARGETS: tuple[str, ...] = (f"{WORKER}.forward_batch_generation",)
-
 
 class UncoveredDraftError(RuntimeError):
     """A draft-model configuration whose passes the owner check or scrubber would not cover."""
-
-
-def install() -> None:
-    """Register the hook (every process; it only acts in a scheduler with a draft model)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(HOOK_TARGETS[0], check_before_spec_step, HookType.BEFORE)
 
 
 def check_before_spec_step(worker: Any, batch: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -91,8 +81,7 @@ def attach_draft_pools(scheduler: Any) -> int:
         UncoveredDraftError: a draft runner has its own row table or allocator, the hook is missing, or the
             worker uses adaptive steps or a page-size > 1 top-k > 1 draft layout.
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
+    from sglang_iso.integration import hook_table
     from sglang_iso.integration.scrub import kv_buffers
 
     cache = getattr(scheduler, "tree_cache", None)
@@ -104,8 +93,8 @@ def attach_draft_pools(scheduler: Any) -> int:
     if cache.scrubber is None and cache.owners is None:
         return 0
     problems = []
-    if HOOK_TARGETS[0] not in HookRegistry._patched:
-        problems.append(f"hook {HOOK_TARGETS[0]} was not applied")
+    for target in hook_table.missing(group="spec-draft"):
+        problems.append(f"hook {target} was not applied")
     if getattr(worker, "adaptive_controller", None) is not None:
         problems.append("adaptive speculative steps")
     if getattr(worker, "enable_dp_spec_prefill_coordination", False):

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sglang_iso import envvars
+from sglang_iso.identity.tags import tenant_of
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,6 @@ MAX_NAMESPACES_ENV = envvars.NGRAM_MAX_NAMESPACES.name  # corpora kept before th
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
-
-WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
-HOOK_TARGETS: tuple[str, ...] = (
-    f"{WORKER}.__init__",
-    f"{WORKER}._prepare_draft_tokens",
-    f"{WORKER}._update_ngram_corpus",
-)
 
 
 class UnsupportedNgramConfigError(RuntimeError):
@@ -62,15 +56,6 @@ def corpus_mode() -> str:
     if mode not in ("namespace", "shared"):
         raise UnsupportedNgramConfigError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
     return mode
-
-
-def install() -> None:
-    """Register the hooks (every process; they only act in an NGRAM scheduler)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(HOOK_TARGETS[0], partition_corpus, HookType.AFTER)
-    HookRegistry.register(HOOK_TARGETS[1], bind_batch, HookType.AROUND)
-    HookRegistry.register(HOOK_TARGETS[2], bind_batch, HookType.AROUND)
 
 
 def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -191,7 +176,7 @@ class NamespacedNgramCorpus:
 
     def drop_tenant(self, tenant: str) -> int:
         """Forget the text of ``tenant``'s namespaces (``"*"``: every namespace), e.g. on a tenant flush."""
-        doomed = [ns for ns in self._corpora if tenant == "*" or self.resolver.tenant_of(ns) == tenant]
+        doomed = [ns for ns in self._corpora if tenant == "*" or tenant_of(ns) == tenant]
         for ns in doomed:
             del self._corpora[ns]
         return len(doomed)
@@ -263,9 +248,9 @@ class NamespacedNgramCorpus:
         if key not in self._resolved:
             if len(self._resolved) >= _MAX_RESOLVED:
                 self._resolved.clear()
-            ns = self.resolver.resolve(*key)
-            off = ns is not None and self.resolver.tenant_of(ns) in self.no_retention
-            self._resolved[key] = None if off else ns
+            ns = self.resolver.resolve_namespace(*key)
+            off = ns is not None and ns.tenant in self.no_retention
+            self._resolved[key] = None if off or ns is None else ns.key
         return self._resolved[key]
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sglang_iso.integration.symbols_cache import CACHE_SYMBOLS
 from sglang_iso.integration.symbols_pd import PD_SYMBOLS
 
 PINNED_SGLANG_VERSION = "0.5.23"
@@ -23,71 +24,6 @@ class HookedSymbol(NamedTuple):
 
 
 HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
-    HookedSymbol(
-        "sglang.srt.mem_cache.registry:register_radix_cache_backend",
-        ("name", "factory"),
-        "registers the 'tenant' tree cache backend",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.registry:get_radix_cache_factory",
-        ("name",),
-        "idempotent registration across repeated plugin loads",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.registry:TreeCacheBuildContext",
-        ("server_args", "params", "is_hybrid_swa", "is_hybrid_ssm", "enable_hierarchical_cache"),
-        "the argument our factory receives",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.cache_init_params:CacheInitParams",
-        ("disable", "req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "enable_metrics", "is_eagle"),
-        "what the tenant cache is built from",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.checkpoint",
-        ("self", "req", "up_to"),
-        "the scheduler inserts a request's KV through it",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.dec_lock_ref",
-        ("self", "node", "params"),
-        "lock release signature",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.lock",
-        ("self", "node"),
-        "inherited: wraps inc_lock_ref into a TreeLock",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.free_kv_row",
-        ("self", "kv", "ranges"),
-        "inherited: request release frees the row's own slots through the allocator",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
-        ("key", "req"),
-        "match_prefix argument",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:InsertParams",
-        ("key", "value", "priority"),
-        "insert argument",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
-        ("device_prefix_len", "last_device_node", "last_host_node", "best_match_node"),
-        "match_prefix result",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.radix_cache:RadixKey.__init__",
-        ("self", "token_ids", "extra_key", "cache_salt"),
-        "the key the scheduler matches with; its extra_key carries the namespace tag",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.free",
-        ("self", "free_index"),
-        "the single release path of tree slots",
-    ),
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.__init__",
         ("self", "server_args"),
@@ -126,7 +62,7 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
     HookedSymbol(
         "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request",
         ("self", "obj", "request"),
-        "BEFORE hook: overwrites extra_key with the server's namespace tag",
+        "AROUND hook: overwrites extra_key with the server's namespace tag; BEFORE hook: sets routed_dp_rank",
     ),
     HookedSymbol(
         "sglang.srt.managers.tokenizer_manager:TokenizerManager.update_weights_from_disk",
@@ -182,21 +118,6 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "what the owner check reads",
     ),
     HookedSymbol(
-        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.alloc",
-        ("self", "reqs"),
-        "wrapped on the instance: records each row's owner",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.free_rows",
-        ("self", "indices"),
-        "wrapped on the instance: rows reset to padding, owner cleared",
-    ),
-    HookedSymbol(
-        "sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator._release_page_ids",
-        ("self", "page_ids"),
-        "wrapped on the instance: every paged free ends here (scrub, owner FREE)",
-    ),
-    HookedSymbol(
         "sglang.srt.managers.schedule_batch:FINISH_ABORT",
         ("message", "status_code", "err_type"),
         "how a violating request is finished",
@@ -210,6 +131,31 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "sglang.srt.plugins.hook_registry:HookRegistry.register",
         ("target", "hook", "hook_type"),
         "installs our hooks",
+    ),
+    HookedSymbol(
+        "sglang.srt.plugins.hook_registry:HookType",
+        (),
+        "BEFORE / AFTER / AROUND, the kinds of the hook table's rows",
+    ),
+    HookedSymbol(
+        "sglang.srt.plugins.hook_registry:HookRegistry._patched",
+        (),
+        "the targets applied in this process; serving is refused when a required one is missing",
+    ),
+    HookedSymbol(
+        "sglang.srt.entrypoints:http_server",
+        (),
+        "the gate reads its module-level FastAPI ``app`` to add middleware and the /iso routes",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.io_struct:SetInternalStateReqOutput",
+        ("updated",),
+        "the reply to an sglang-iso set_internal_state command",
+    ),
+    HookedSymbol(
+        "sglang.srt.utils:kill_process_tree",
+        ("parent_pid", "include_parent"),
+        "the launcher stops SGLang's children when the server exits",
     ),
     HookedSymbol(
         "sglang.srt.server_args:prepare_server_args",
@@ -229,12 +175,12 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
     HookedSymbol(
         "sglang.srt.managers.schedule_policy:SchedulePolicy.calc_priority",
         ("self", "waiting_queue", "running_batch"),
-        "the waiting queue is interleaved by tenant after SGLang's own ordering",
+        "AFTER hook: the waiting queue is interleaved by tenant after SGLang's own ordering",
     ),
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.handle_generate_request",
         ("self", "recv_req"),
-        "a request with unrunnable token ids or an admission error is aborted alone",
+        "AROUND hook: a request with unrunnable token ids or an admission error is aborted alone",
     ),
     HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.send_abort_output",
@@ -438,21 +384,4 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
     ),
 )
 
-HOOKED_SYMBOLS += tuple(HookedSymbol(*entry) for entry in PD_SYMBOLS)
-
-# Hook targets (dotted, as HookRegistry expects) that must be applied before serving.
-REQUIRED_HOOK_TARGETS: tuple[str, ...] = (
-    "sglang.srt.managers.scheduler.Scheduler.__init__",
-    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.get_internal_state",
-    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController.set_internal_state",
-    "sglang.srt.model_executor.model_runner.ModelRunner.forward",
-    "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
-    "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
-    "sglang.srt.managers.scheduler.Scheduler.handle_generate_request",
-    # NGRAM draft corpus per namespace (integration/spec_ngram.py HOOK_TARGETS)
-    "sglang.srt.speculative.ngram_worker.NGRAMWorker.__init__",
-    "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_draft_tokens",
-    "sglang.srt.speculative.ngram_worker.NGRAMWorker._update_ngram_corpus",
-    # draft-model speculative decoding: rows sanitized before any draft pass plans (integration/spec_draft.py)
-    "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation",
-)
+HOOKED_SYMBOLS += tuple(HookedSymbol(*entry) for entry in (*CACHE_SYMBOLS, *PD_SYMBOLS))

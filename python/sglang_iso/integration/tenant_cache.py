@@ -41,7 +41,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_iso.cache import NodeHandle, TenantRadixTree
 from sglang_iso.constants import BACKEND_NAME, CachePolicy
-from sglang_iso.identity.tags import NamespaceResolver
+from sglang_iso.identity.tags import Namespace, NamespaceResolver
 from sglang_iso.integration.cache_report import CacheReport
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
@@ -98,7 +98,7 @@ class TenantRadixCache(BasePrefixCache):
         if params.enable_metrics:
             self.init_metrics_collector()
         self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
-        self._configured: set[str] = set()
+        self._configured: dict[str, Namespace] = {}  # namespace key -> the namespace, once configured
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
@@ -297,12 +297,12 @@ class TenantRadixCache(BasePrefixCache):
         if self.host is not None:
             self.host.forget_owner(owner)
         return sum(
-            self._flush_ns(ns) for ns in list(self._configured) if owner == "*" or self.resolver.tenant_of(ns) == owner
+            self._flush_ns(ns.key) for ns in list(self._configured.values()) if owner == "*" or ns.tenant == owner
         )
 
     def flush_adapter(self, lora_id: str) -> int:
         """Drop every unlocked entry computed with adapter load ``lora_id``; returns tokens released."""
-        return sum(self._flush_ns(ns) for ns in list(self._configured) if self.resolver.adapter_of(ns) == lora_id)
+        return sum(self._flush_ns(ns.key) for ns in list(self._configured.values()) if ns.adapter == lora_id)
 
     def _flush_ns(self, ns: str) -> int:
         """Drop ``ns``'s unlocked device entries and all its host pages (scrubbed); returns tokens released."""
@@ -316,14 +316,19 @@ class TenantRadixCache(BasePrefixCache):
             self.token_to_kv_pool_allocator.free(self._tensor(slots))
 
     def _namespace(self, key: RadixKey) -> str | None:
-        ns = self.resolver.resolve(key.extra_key, key.cache_salt)
-        if ns is not None and ns not in self._configured:
+        ns = self.resolver.resolve_namespace(key.extra_key, key.cache_salt)
+        if ns is None:
+            return None
+        if ns.key not in self._configured:
             self._configure(ns)
-        return ns
+        return ns.key
 
-    def _configure(self, ns: str) -> None:
-        owner = self.resolver.tenant_of(ns)
-        lora_id = self.resolver.adapter_of(ns)
+    def namespace_of(self, key: str) -> Namespace | None:
+        """The namespace the resolver made for tree namespace ``key`` (None: not a configured one)."""
+        return self._configured.get(key)
+
+    def _configure(self, namespace: Namespace) -> None:
+        ns, owner, lora_id = namespace.key, namespace.tenant, namespace.adapter
         # NOTE: a LoRA namespace gets its own KV scope, because operator-shared prefixes hold base-model KV.
         scope = SHARED_SCOPE if lora_id is None else f"lora:{lora_id}"
         self.tree.register_namespace(ns, tenant_id=owner or "open", scope=scope)
@@ -334,7 +339,7 @@ class TenantRadixCache(BasePrefixCache):
             if self.host is not None:
                 # NOTE: one host cap over all of the owner's namespaces (base model and each adapter)
                 self.host.tier.set_quota(ns, settings.host_quota_tokens, group=owner)
-        self._configured.add(ns)
+        self._configured[ns] = namespace
 
     def _tensor(self, values: Any) -> torch.Tensor:
         return torch.tensor(list(values), dtype=torch.int64, device=self.device)

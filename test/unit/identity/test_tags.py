@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from sglang_iso.identity.tags import NamespaceResolver, make_tag
+from sglang_iso.identity.tags import Namespace, NamespaceResolver, make_tag, tenant_of
 
 SECRET = secrets.token_bytes(32)
 NS_ID = "ab" * 32
@@ -16,7 +16,10 @@ def test_valid_tag_resolves_and_same_tag_is_stable() -> None:
     r = NamespaceResolver(SECRET)
     tag = make_tag(SECRET, "acme", NS_ID)
     assert r.resolve(tag, None) == r.resolve(tag, None) == f"t:acme:{NS_ID}"
-    assert NamespaceResolver.tenant_of(r.resolve(tag, None) or "") == "acme"
+    assert tenant_of(r.resolve(tag, None)) == "acme"
+    ns = r.resolve_namespace(tag, None)
+    assert ns is not None and ns.kind == "tenant" and ns.tenant == "acme" and ns.adapter is None
+    assert Namespace.parse(ns.key) == ns
 
 
 def test_untagged_is_internal_not_a_violation() -> None:
@@ -66,8 +69,14 @@ def test_lora_suffix_verifies_and_narrows_the_namespace() -> None:
     assert base is not None and one is not None and two is not None
     assert len({base, one, two}) == 3  # each adapter load is its own namespace, never the base model's
     assert r.resolve(tag + "a" * 32, None) == one  # same adapter load: shared
-    assert [r.tenant_of(ns) for ns in (base, one, two)] == ["acme"] * 3
-    assert (r.adapter_of(base), r.adapter_of(one)) == (None, "a" * 32)
+    assert [tenant_of(ns) for ns in (base, one, two)] == ["acme"] * 3
+    typed = [r.resolve_namespace(tag + suffix, None) for suffix in ("", "a" * 32)]
+    assert [(n.key, n.tenant, n.adapter) for n in typed if n is not None] == [
+        (base, "acme", None),
+        (one, "acme", "a" * 32),
+    ]
+    assert [Namespace.parse(k) for k in (base, one)] == typed  # a key reads back as the namespace it was made from
+    assert Namespace.parse("shared:sys") == Namespace.shared_prefix("sys") and Namespace.parse("x:y") is None
     assert r.rejected_tags == 0 and r.untagged == 0
 
 

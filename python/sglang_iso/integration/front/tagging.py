@@ -9,8 +9,6 @@ from sglang_iso.integration import lora
 from sglang_iso.integration.front import metrics, state
 from sglang_iso.server.gate import STATE_TENANT
 
-TAG_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request"
-
 
 def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``TokenizerManager.generate_request``: tag the request, then observe its outputs.

@@ -10,13 +10,6 @@ from sglang_iso.integration.front import state
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_TARGETS = (
-    "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
-    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_tensor",
-    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_distributed",
-    "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.update_weights_from_ipc",
-)
-
 
 def after_weight_update(original: Any, manager: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND every weight-update entry point: new weights get new namespaces, old entries are dropped.

@@ -1,0 +1,115 @@
+"""One wrapping of the KV allocator's and the row pool's methods, shared by every defense that needs them.
+
+The scrubber, the owner table and the PD quarantine all act when slots are released, handed out or the
+pool is cleared. Each subscribes a *layer* to a method of the instance's :class:`Tap`; the tap replaces
+the method once and calls the layers in :class:`Order`, outermost first, whatever order they subscribed
+in. A layer is an AROUND: ``layer(below, *args)`` decides what ``below`` (the next layer, finally the
+SGLang method) receives, and whether it is called at all.
+
+    allocator release (page 1: ``free``; paged: ``_release_page_ids``)
+        QUARANTINE  PD: pages a transfer may still use are held back    (pd_transfer.py)
+        OWNER       the zero page is never released; pages become FREE  (owner_check.py)
+        SCRUB       released pages recorded, zeroed before next hand-out (scrub.py)
+        -> SGLang
+    allocator ``clear``:  QUARANTINE (fenced pages kept out), OWNER (fresh zero page), then SGLang
+    allocator hand-out (``alloc``, ``alloc_extend``, ``alloc_decode``):  SCRUB (zero pending pages first)
+    row pool ``free_rows``:  OWNER (row owner FREE), SCRUB (row reset to the padding slot), then SGLang
+    row pool ``alloc``:  OWNER (each new row's owner recorded)
+
+Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable
+from typing import Any
+
+Layer = Callable[..., Any]
+"""``layer(below, *args, **kwargs)``: the method's arguments, and ``below`` to call the rest of the chain."""
+
+RELEASE = "release"
+"""The allocator's release method, whichever its name (``allocator_release_name``)."""
+
+_ATTR = "_sglang_iso_tap"  # NOTE: kept on the SGLang instance because a tap belongs to exactly one instance
+
+
+class Order(enum.IntEnum):
+    """Where a subscriber's layer sits; lower is outer (runs first, sees the arguments first)."""
+
+    QUARANTINE = 10
+    OWNER = 20
+    SCRUB = 30
+
+
+class Tap:
+    """The layers subscribed to the methods of one SGLang object (an allocator or a row pool)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self._originals: dict[str, Callable[..., Any]] = {}  # attribute name -> the SGLang method
+        self._layers: dict[str, list[tuple[Order, Layer]]] = {}  # attribute name -> layers, outermost first
+
+    def subscribe(self, method: str, order: Order, layer: Layer) -> None:
+        """Put ``layer`` on ``method`` (``RELEASE`` names the allocator's release) at ``order``.
+
+        Raises:
+            ValueError: ``order`` already has a layer on this method (each subscriber subscribes once).
+        """
+        name = allocator_release_name(self.target) if method == RELEASE else method
+        layers = self._layers.setdefault(name, [])
+        if any(o == order for o, _ in layers):
+            raise ValueError(f"{type(self.target).__name__}.{name}: {order.name} is already subscribed")
+        layers.append((order, layer))
+        layers.sort(key=lambda entry: entry[0])
+        if name not in self._originals:
+            self._wrap(name)
+
+    def call_below(self, method: str, order: Order, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` through the layers below ``order`` only (a subscriber releasing what it held back)."""
+        name = allocator_release_name(self.target) if method == RELEASE else method
+        layers = self._layers.get(name, [])
+        start = next((i for i, (o, _) in enumerate(layers) if o > order), len(layers))
+        return self._call(name, start, *args, **kwargs)
+
+    def orders(self, method: str) -> list[Order]:
+        """The orders subscribed to ``method``, outermost first."""
+        name = allocator_release_name(self.target) if method == RELEASE else method
+        return [o for o, _ in self._layers.get(name, [])]
+
+    def _wrap(self, name: str) -> None:
+        original = getattr(self.target, name)
+        self._originals[name] = original
+
+        @functools.wraps(original)
+        def tapped(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, 0, *args, **kwargs)
+
+        setattr(self.target, name, tapped)
+
+    def _call(self, name: str, index: int, *args: Any, **kwargs: Any) -> Any:
+        layers = self._layers[name]
+        if index >= len(layers):
+            return self._originals[name](*args, **kwargs)
+        below = functools.partial(self._call, name, index + 1)
+        return layers[index][1](below, *args, **kwargs)
+
+
+def tap_of(target: Any) -> Tap:
+    """The tap of an allocator or row pool instance, made on first use."""
+    tap = target.__dict__.get(_ATTR)
+    if tap is None:
+        tap = Tap(target)
+        setattr(target, _ATTR, tap)
+    return tap
+
+
+def is_paged(allocator: Any) -> bool:
+    """Paged allocators end every free in ``_release_page_ids(*page_ids)`` (page ids); page-1 ones in
+    ``free(free_index)`` (slot indices)."""
+    return hasattr(allocator, "_release_page_ids")
+
+
+def allocator_release_name(allocator: Any) -> str:
+    return "_release_page_ids" if is_paged(allocator) else "free"

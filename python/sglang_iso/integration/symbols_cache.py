@@ -1,0 +1,97 @@
+"""SGLang cache-API, pool and allocator symbols sglang-iso uses (merged into ``symbols.HOOKED_SYMBOLS``).
+
+Plain ``(path, params, use)`` triples so this module imports nothing of ours.
+"""
+
+from __future__ import annotations
+
+_BPC = "sglang.srt.mem_cache.base_prefix_cache"
+
+CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "sglang.srt.mem_cache.registry:register_radix_cache_backend",
+        ("name", "factory"),
+        "registers the 'tenant' tree cache backend",
+    ),
+    (
+        "sglang.srt.mem_cache.registry:get_radix_cache_factory",
+        ("name",),
+        "idempotent registration across repeated plugin loads",
+    ),
+    (
+        "sglang.srt.mem_cache.registry:TreeCacheBuildContext",
+        ("server_args", "params", "is_hybrid_swa", "is_hybrid_ssm", "enable_hierarchical_cache"),
+        "the argument our factory receives",
+    ),
+    (
+        "sglang.srt.mem_cache.cache_init_params:CacheInitParams",
+        ("disable", "req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "enable_metrics", "is_eagle"),
+        "what the tenant cache is built from",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.checkpoint",
+        ("self", "req", "up_to"),
+        "the scheduler inserts a request's KV through it",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.dec_lock_ref",
+        ("self", "node", "params"),
+        "lock release signature",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.lock",
+        ("self", "node"),
+        "inherited: wraps inc_lock_ref into a TreeLock",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:BasePrefixCache.free_kv_row",
+        ("self", "kv", "ranges"),
+        "inherited: request release frees the row's own slots through the allocator",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:MatchPrefixParams",
+        ("key", "req"),
+        "match_prefix argument",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:InsertParams",
+        ("key", "value", "priority"),
+        "insert argument",
+    ),
+    (
+        "sglang.srt.mem_cache.base_prefix_cache:MatchResult",
+        ("device_prefix_len", "last_device_node", "last_host_node", "best_match_node"),
+        "match_prefix result",
+    ),
+    (
+        "sglang.srt.mem_cache.radix_cache:RadixKey.__init__",
+        ("self", "token_ids", "extra_key", "cache_salt"),
+        "the key the scheduler matches with; its extra_key carries the namespace tag",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.free",
+        ("self", "free_index"),
+        "the single release path of tree slots",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.alloc",
+        ("self", "reqs"),
+        "wrapped on the instance: records each row's owner",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.free_rows",
+        ("self", "indices"),
+        "wrapped on the instance: rows reset to padding, owner cleared",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.paged:PagedTokenToKVPoolAllocator._release_page_ids",
+        ("self", "page_ids"),
+        "wrapped on the instance: every paged free ends here (scrub, owner FREE)",
+    ),
+    (f"{_BPC}:EvictParams", ("num_tokens",), "evict argument"),
+    (f"{_BPC}:EvictResult", ("num_tokens_evicted",), "evict result"),
+    (f"{_BPC}:InsertResult", ("prefix_len",), "insert result"),
+    (f"{_BPC}:IncLockRefResult", ("delta",), "inc_lock_ref result: evictable-size change"),
+    (f"{_BPC}:DecLockRefParams", (), "dec_lock_ref argument (accepted, unused)"),
+    (f"{_BPC}:DecLockRefResult", ("delta",), "dec_lock_ref result: evictable-size change"),
+)
