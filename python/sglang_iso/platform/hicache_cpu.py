@@ -23,25 +23,16 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from sglang_iso.platform import cpu
-from sglang_iso.platform.import_patch import patch_on_import
+from sglang_iso.platform.import_patch import ShimOnImport
 
 logger = logging.getLogger(__name__)
 
 HOST_POOL_MODULE = "sglang.srt.mem_cache.pool_host.mha"
-_applied = False
 
 
 def apply() -> bool:
     """Install the shims (now, or when the host pool module is imported). Idempotent; False with CUDA."""
-    global _applied
-    if _applied:
-        return True
-    if not cpu.should_apply():
-        return False
-    patch_on_import([HOST_POOL_MODULE], patch_module)
-    _applied = True
-    return True
+    return _SHIM.apply()
 
 
 def transfer_kv_direct(
@@ -71,3 +62,6 @@ def patch_module(module: types.ModuleType) -> None:
     __init__.__sglang_iso_unpinned__ = True  # type: ignore[attr-defined]
     pool.__init__ = __init__
     logger.debug("sglang-iso: HiCache host pool unpinned and given a torch transfer_kv_direct")
+
+
+_SHIM = ShimOnImport([HOST_POOL_MODULE], patch_module)

@@ -18,6 +18,33 @@ from typing import Any
 Patch = Callable[[types.ModuleType], None]
 
 
+class ShimOnImport:
+    """One CPU shim: ``patch`` applied to ``names`` on import, only where the CPU shims apply; idempotent.
+
+    ``before`` (optional) runs once, just before the import patch is installed.
+    """
+
+    def __init__(self, names: Sequence[str], patch: Patch, before: Callable[[], None] | None = None) -> None:
+        self.names = tuple(names)
+        self.patch = patch
+        self.before = before
+        self.applied = False
+
+    def apply(self) -> bool:
+        """Install the shim (now, or when a module is imported). True if active; False with CUDA."""
+        from sglang_iso.platform import cpu
+
+        if self.applied:
+            return True
+        if not cpu.should_apply():
+            return False
+        if self.before is not None:
+            self.before()
+        patch_on_import(self.names, self.patch)
+        self.applied = True
+        return True
+
+
 def patch_on_import(names: Sequence[str], patch: Patch) -> None:
     """Apply ``patch`` to each module in ``names``: now if imported, else right after its import."""
     pending = [name for name in names if name not in sys.modules]

@@ -24,8 +24,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from sglang_iso.platform import cpu
-from sglang_iso.platform.import_patch import patch_on_import
+from sglang_iso.platform.import_patch import ShimOnImport
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,6 @@ UNPINNED_MODULES: tuple[str, ...] = (
 _FACTORIES = frozenset(
     {"empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor", "empty_like", "zeros_like", "ones_like"}
 )
-_applied = False
 
 
 def apply() -> bool:
@@ -48,23 +46,11 @@ def apply() -> bool:
     Returns:
         True if the shim is active (now or from an earlier call); False with CUDA.
     """
-    global _applied
-    if _applied:
-        return True
-    if not cpu.should_apply():
-        return False
-    import torch
-
-    original = torch.Tensor.pin_memory
-    if not getattr(original, "__sglang_iso_unpinned__", False):
-        torch.Tensor.pin_memory = _scoped_pin_memory(original)  # type: ignore[method-assign]
-    patch_on_import(UNPINNED_MODULES, patch_module)
-    _applied = True
-    return True
+    return _SHIM.apply()
 
 
 def is_applied() -> bool:
-    return _applied
+    return _SHIM.applied
 
 
 def patch_module(module: types.ModuleType) -> None:
@@ -109,3 +95,14 @@ def _scoped_pin_memory(original: Callable[..., Any]) -> Callable[..., Any]:
 
     pin_memory.__sglang_iso_unpinned__ = True  # type: ignore[attr-defined]
     return pin_memory
+
+
+def _unpin_tensor_method() -> None:
+    import torch
+
+    original = torch.Tensor.pin_memory
+    if not getattr(original, "__sglang_iso_unpinned__", False):
+        torch.Tensor.pin_memory = _scoped_pin_memory(original)  # type: ignore[method-assign]
+
+
+_SHIM = ShimOnImport(UNPINNED_MODULES, patch_module, before=_unpin_tensor_method)

@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import types
 
-from sglang_iso.platform import cpu
-from sglang_iso.platform.import_patch import patch_on_import
+from sglang_iso.platform.import_patch import ShimOnImport
 
 MOONCAKE_CONN_MODULE = "sglang.srt.disaggregation.mooncake.conn"
-_applied = False
 
 
 def apply() -> bool:
     """Install the shim (now, or when the Mooncake module is imported). Idempotent; False with CUDA."""
-    global _applied
-    if _applied:
-        return True
-    if not cpu.should_apply():
-        return False
-    patch_on_import([MOONCAKE_CONN_MODULE], patch_module)
-    _applied = True
-    return True
+    return _SHIM.apply()
 
 
 def patch_module(module: types.ModuleType) -> None:
     sender = getattr(module, "MooncakeKVSender", None)
     if sender is not None:
         sender.supports_host_tensor_indices = False
+
+
+_SHIM = ShimOnImport([MOONCAKE_CONN_MODULE], patch_module)
