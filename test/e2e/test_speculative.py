@@ -43,12 +43,11 @@ def keys() -> dict[str, str]:
     return {name: new_api_key() for name in (*TENANTS, "admin")}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+def spec_server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], *flags: str) -> Iterator[ServerProcess]:
+    """A tenant-keyed server with Triton attention in its interpreter, the test plugin, and speculative ``flags``."""
     path: Path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
     srv = start_iso_server(
-        "--tenants-file", str(path), "--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
-        "--speculative-num-draft-tokens", str(DRAFTS), "--enable-metrics",
+        "--tenants-file", str(path), "--attention-backend", "triton", *flags, "--enable-metrics",
         # NOTE: the Triton backend needs the interpreter on CPU; the plant switch arms only on an admin command
         env={"TRITON_INTERPRET": "1", **plant_env()},
     )  # fmt: skip
@@ -59,9 +58,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> It
         srv.stop()
 
 
-def _prompt() -> list[int]:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    yield from spec_server(
+        tmp_path_factory, keys, "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(DRAFTS)
+    )
+
+
+def random_prompt(length: int = 24) -> list[int]:
     rng = random.Random(uuid.uuid4().int)
-    return [rng.randrange(300, 2000) for _ in range(24)]
+    return [rng.randrange(300, 2000) for _ in range(length)]
 
 
 def _generate(server: ServerProcess, key: str, ids: list[int], new_tokens: int = NEW_TOKENS) -> dict:
@@ -109,7 +115,7 @@ def _assert_greedy_equal(output: list[int], reference: list[int], gaps: list[flo
 def test_accept_length_follows_own_namespace_only_and_output_is_lossless(
     server: ServerProcess, keys: dict[str, str]
 ) -> None:
-    prompt = _prompt()
+    prompt = random_prompt()
     first = _generate(server, keys["acme"], prompt)
     repeat = _generate(server, keys["acme"], prompt)
     other = _generate(server, keys["globex"], prompt)
@@ -143,7 +149,7 @@ def _plant_status(server: ServerProcess, keys: dict[str, str]) -> dict:
 
 
 def test_planted_foreign_slot_in_a_verify_pass_is_refused(server: ServerProcess, keys: dict[str, str]) -> None:
-    _generate(server, keys["globex"], _prompt())  # globex owns pages
+    _generate(server, keys["globex"], random_prompt())  # globex owns pages
     before = _cache_status(server, keys)
     assert before["kv_owner_check"] == "on" and before["owner_violations"] == 0  # no false positives so far
     status, armed = server.post(
@@ -152,7 +158,7 @@ def test_planted_foreign_slot_in_a_verify_pass_is_refused(server: ServerProcess,
     assert status == 200, armed
     status, out = server.post(
         "/generate",
-        {"input_ids": _prompt(), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
+        {"input_ids": random_prompt(), "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}},
         headers=auth(keys["acme"]),
     )
     aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
@@ -160,7 +166,7 @@ def test_planted_foreign_slot_in_a_verify_pass_is_refused(server: ServerProcess,
     after = _cache_status(server, keys)
     assert after["owner_violations"] >= 1 and _plant_status(server, keys)["planted_read_zero"] >= 1
     assert "TEST plant" in server.log_text()
-    again = _generate(server, keys["acme"], _prompt())  # served normally afterwards
+    again = _generate(server, keys["acme"], random_prompt())  # served normally afterwards
     assert again["meta_info"]["finish_reason"]["type"] == "length"
 
 

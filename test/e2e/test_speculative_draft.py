@@ -16,22 +16,25 @@ model's KV sits at the target's slot indices, so one tree match hands out both:
 
 from __future__ import annotations
 
-import random
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso_testing import spec_plant
 from sglang_iso_testing.plant import COMMAND as PLANT
-from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess
 
-from .conftest import start_iso_server
-from .test_speculative import NEW_TOKENS, TENANTS, _assert_greedy_equal, _greedy_one_by_one
-from .test_tenants import auth, write_tenants_file
+from .test_speculative import (
+    NEW_TOKENS,
+    TENANTS,
+    _assert_greedy_equal,
+    _generate,
+    _greedy_one_by_one,
+    random_prompt,
+    spec_server,
+)
+from .test_tenants import auth
 
 pytestmark = pytest.mark.e2e
 
@@ -47,34 +50,15 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
-    path: Path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
-    srv = start_iso_server(
-        "--tenants-file", str(path), "--attention-backend", "triton", "--speculative-algorithm", "STANDALONE",
+    yield from spec_server(
+        tmp_path_factory, keys, "--speculative-algorithm", "STANDALONE",
         "--speculative-draft-model-path", str(tiny_model_path()), "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--enable-metrics",
-        # NOTE: the Triton backend needs the interpreter on CPU; the test switch arms only on admin commands
-        env={"TRITON_INTERPRET": "1", **plant_env()},
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
     )  # fmt: skip
-    try:
-        srv.start(timeout_s=400)
-        yield srv
-    finally:
-        srv.stop()
 
 
 def _prompt() -> list[int]:
-    rng = random.Random(uuid.uuid4().int)
-    return [rng.randrange(300, 2000) for _ in range(PROMPT_LEN)]
-
-
-def _generate(server: ServerProcess, key: str, ids: list[int]) -> dict:
-    status, out = server.post(
-        "/generate",
-        {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}},
-        headers=auth(key),
-    )
-    assert status == 200, out
-    return out
+    return random_prompt(PROMPT_LEN)
 
 
 def _state(server: ServerProcess, keys: dict[str, str]) -> dict:

@@ -17,14 +17,8 @@ from sglang_iso.tenancy.keys import KeyIndex, key_sha256, new_api_key
 KEYS = {"acme": new_api_key(), "admin": new_api_key()}
 
 
-@pytest.fixture()
-def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-    )
+def recording_app() -> tuple[Any, list[dict[str, Any]]]:
+    """An ASGI app behind the gate that answers 200 and records each scope and body it receives."""
     seen: list[dict[str, Any]] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -33,6 +27,18 @@ def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
+    return app, seen
+
+
+@pytest.fixture()
+def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    (tmp_path / "t.toml").write_text(
+        'namespace_secret_file = "s.key"\n'
+        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
+        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
+    )
+    app, seen = recording_app()
     return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml"))), seen
 
 

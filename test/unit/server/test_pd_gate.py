@@ -14,7 +14,7 @@ from sglang_iso.server.pd_rules import PdRole, pd_role, router_tenant
 from sglang_iso.tenancy.config import load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex, Principal, key_sha256, new_api_key
 
-from .test_gate import call
+from .test_gate import call, recording_app
 
 KEYS = {"acme": new_api_key(), "globex": new_api_key(), "admin": new_api_key(), "router": new_api_key()}
 BOOT = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 12345}
@@ -29,14 +29,7 @@ def _gate(tmp_path: Path, role: PdRole | None) -> tuple[TenantGate, list[dict[st
         f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
         f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(KEYS["globex"])}"]\n'
     )
-    seen: list[dict[str, Any]] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        msg = await receive()
-        seen.append({"scope": scope, "body": msg.get("body", b"")})
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
-
+    app, seen = recording_app()
     return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), pd=role), seen
 
 
