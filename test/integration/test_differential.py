@@ -24,7 +24,8 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from sglang_iso.cache import NodeHandle, TenantRadixTree
 from sglang_iso.cache.node import TreeNode
+from sglang_iso.cache.pair_keys import pair_key
 
 SEEDS = range(12)
 PAGE_SIZES = (1, 4)
@@ -94,20 +96,29 @@ class _UpstreamTouchTree(TenantRadixTree):
 class _Differential:
     """Applies each op to our tree and to upstream's ``RadixCache`` and asserts they agree."""
 
-    def __init__(self, tree_cls: type[TenantRadixTree], page_size: int) -> None:
+    def __init__(self, tree_cls: type[TenantRadixTree], page_size: int, *, pairs: bool = False) -> None:
         self.page_size = page_size
+        self.pairs = pairs
+        """Keyed by token pairs (ours: ``pair_key``; upstream: its EAGLE bigram view)."""
         self.ours_freed: list[int] = []
         """Slots our tree passed to ``free_fn`` since the last ``evict``."""
         self.ours = tree_cls(page_size, self.ours_freed.extend)
         self.alloc = _RecordingAllocator()
         self.up = RadixCache.create_simulated(mock_allocator=self.alloc, page_size=page_size)
+        self.up.is_eagle = pairs
         self.locks: list[tuple[NodeHandle, Any]] = []
         """Outstanding locks: (our handle, upstream node), taken on the same match."""
         self._slots = itertools.count(10_000)
 
+    def _key(self, tokens: list[int]) -> Sequence[int]:
+        return pair_key(tokens) if self.pairs else tokens
+
+    def _up_key(self, tokens: list[int], ns: str) -> RadixKey:
+        return RadixKey(array("q", tokens), extra_key=ns)
+
     def match(self, ns: str, tokens: list[int]) -> tuple[NodeHandle, Any]:
-        mine = self.ours.match(ns, tokens)
-        theirs = self.up.match_prefix(MatchPrefixParams(key=RadixKey(tokens, extra_key=ns)))
+        mine = self.ours.match(ns, self._key(tokens))
+        theirs = self.up.match_prefix(MatchPrefixParams(key=self._up_key(tokens, ns)))
         assert mine.prefix_len == theirs.device_prefix_len, f"{ns=} {tokens=} {mine.prefix_len=} {theirs=}"
         up_slots = self.up.path_device_indices(theirs.last_device_node).tolist()
         assert list(mine.indices) == up_slots, f"{tokens=} {mine.indices=} {up_slots=}"
@@ -115,15 +126,16 @@ class _Differential:
 
     def insert(self, ns: str, tokens: list[int], *, reuse_match: bool) -> None:
         """Insert like the scheduler does (matched slots, then fresh ones), or with all-fresh slots."""
-        matched = self.ours.match(ns, tokens).indices
-        self.up.match_prefix(MatchPrefixParams(key=RadixKey(tokens, extra_key=ns)))  # the same LRU touches
+        key = self._key(tokens)
+        matched = self.ours.match(ns, key).indices
+        self.up.match_prefix(MatchPrefixParams(key=self._up_key(tokens, ns)))  # the same LRU touches
         prefix = matched if reuse_match else ()
         slots = [*prefix, *(next(self._slots) for _ in range(len(tokens) - len(prefix)))]
-        mine = self.ours.insert(ns, tokens, slots)
-        key = RadixKey(tokens, extra_key=ns)
-        theirs = self.up.insert(InsertParams(key=key, value=torch.tensor(slots, dtype=torch.int64)))
+        mine = self.ours.insert(ns, key, slots[: len(key)])
+        value = torch.tensor(slots, dtype=torch.int64)  # one slot per raw token: upstream cuts it to its key
+        theirs = self.up.insert(InsertParams(key=self._up_key(tokens, ns), value=value))
         assert mine.prefix_len == theirs.prefix_len, f"{tokens=} {mine=} {theirs.prefix_len=}"
-        aligned = len(tokens) - len(tokens) % self.page_size
+        aligned = len(key) - len(key) % self.page_size
         assert mine.stored_len == aligned, f"{mine=} {aligned=}"
         cached = self.up.path_device_indices(theirs.last_device_node).tolist()
         expected_dups = tuple(s for s, c in zip(slots[: mine.prefix_len], cached, strict=False) if s != c)
@@ -228,6 +240,15 @@ def test_namespaces_behave_like_upstream_extra_keys(seed: int, page_size: int) -
     """Three namespaces of ours == upstream with one ``extra_key`` each (global LRU, no quotas)."""
     namespaces = ["t:acme:m1", "t:globex:m1", "t:initech:m1"]
     _run_trace(_Differential(_UpstreamTouchTree, page_size), seed, namespaces, partial_evicts=True)
+
+
+@pytest.mark.usefixtures("upstream_clock")
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("seed", SEEDS[:6])
+def test_pair_keys_match_upstream_eagle_bigram_keys(seed: int, page_size: int) -> None:
+    """With an EAGLE-style draft head: ours keyed by ``pair_key`` == upstream's bigram view, op by op."""
+    namespaces = ["t:acme:m1", "t:globex:m1"]
+    _run_trace(_Differential(_UpstreamTouchTree, page_size, pairs=True), seed, namespaces, partial_evicts=True)
 
 
 @pytest.mark.usefixtures("upstream_clock")

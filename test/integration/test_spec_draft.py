@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
@@ -37,12 +37,14 @@ def _pool() -> MHATokenToKVPool:
     )  # fmt: skip
 
 
-def make(*, owners: bool = False) -> tuple[TenantRadixCache, PagedTokenToKVPoolAllocator, MHATokenToKVPool, object]:
+def make(
+    *, owners: bool = False, eagle: bool = False
+) -> tuple[TenantRadixCache, PagedTokenToKVPoolAllocator, MHATokenToKVPool, object]:
     target, draft = _pool(), _pool()
     allocator = PagedTokenToKVPoolAllocator(SIZE, PAGE, torch.float32, "cpu", target, need_sort=False)
     rows = ReqToTokenPool(size=4, max_context_len=SIZE, device="cpu", enable_memory_saver=False)
     params = CacheInitParams(
-        disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=allocator, page_size=PAGE
+        disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=allocator, page_size=PAGE, is_eagle=eagle
     )
     cache = TenantRadixCache(params, NamespaceResolver(None))
     cache.scrubber = KvScrubber(allocator, rows).install()
@@ -186,10 +188,44 @@ def test_scheduler_refuses_uncovered_algorithms_before_any_model_loads(monkeypat
     from sglang_iso.integration.hooks import REQUIRE_ENV, refuse_uncovered_speculative
 
     monkeypatch.setenv(REQUIRE_ENV, "1")
-    for name in ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "FROZEN_KV_MTP"):
+    for name in ("DFLASH", "FROZEN_KV_MTP", "UNO", "DSPARK"):
         with pytest.raises(UnsupportedConfigError, match=f"--speculative-algorithm {name} "):
             refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
-    for name in (None, "NGRAM", "STANDALONE"):  # positive control: covered algorithms start
+    for name in (None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):  # positive control: covered ones start
         refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
     monkeypatch.delenv(REQUIRE_ENV)  # an upstream server (benchmark baseline) is left alone
-    refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm="EAGLE", radix_cache_backend=None))
+    refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm="DFLASH", radix_cache_backend=None))
+
+
+def _request(cache: TenantRadixCache, allocator: PagedTokenToKVPoolAllocator, tokens: list[int], row: int) -> object:
+    """A request that computed ``tokens`` into fresh slots of row ``row`` (the scheduler's view before caching)."""
+    slots = allocator.alloc(len(tokens) + (-len(tokens)) % PAGE)
+    assert slots is not None
+    cache.req_to_token_pool.req_to_token[row, : len(tokens)] = slots[: len(tokens)].to(torch.int32)
+    kv = SimpleNamespace(req_pool_idx=row, cache_protected_len=0, cache_inserted_len=0)
+    return SimpleNamespace(full_untruncated_fill_ids=tokens, extra_key="a", cache_salt=None, kv=kv, lock=None,
+                           last_node=cache.root_node)  # fmt: skip
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+def test_eagle_tree_caches_a_request_up_to_its_last_known_next_token(eagle: bool) -> None:
+    # With an EAGLE-style draft head the draft KV at position i was made with token i + 1, so a request of
+    # n tokens caches the pages of its first n - 1 positions; another request that agrees on n tokens but
+    # goes on differently reuses them, never position n - 1 itself.
+    cache, allocator, _, _ = make(eagle=eagle)
+    tokens = [100 + i for i in range(3 * PAGE + 1)]  # 13 tokens: 12 pairs, 3 whole pages either way
+    req = _request(cache, allocator, tokens, row=0)
+    cache.checkpoint(req, up_to=len(tokens))
+    assert req.kv.cache_protected_len == 3 * PAGE  # both modes: 3 whole pages held by the tree
+    same = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens), extra_key="a")))
+    assert same.device_prefix_len == 3 * PAGE  # positive control: the same tokens hit
+    cut = [*tokens[: 2 * PAGE + 1], 7]  # agrees on 2 pages + 1 token, then differs
+    other = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", cut), extra_key="a")))
+    assert other.device_prefix_len == 2 * PAGE
+    edge = [*tokens[: 2 * PAGE], 7]  # agrees on exactly 2 pages: the last of them was drafted with 100 + 8 next
+    hit = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", edge), extra_key="a"))).device_prefix_len
+    assert hit == (PAGE if eagle else 2 * PAGE)
+    foreign = cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens), extra_key="b")))
+    assert foreign.device_prefix_len == 0
+    cache.unlock(req.lock)
+    assert cache.tree.check_integrity() is None

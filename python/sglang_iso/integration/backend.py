@@ -11,7 +11,7 @@ from sglang_iso.integration import hook_table
 from sglang_iso.integration.frontend import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
-from sglang_iso.server.speculative import uncovered_speculative
+from sglang_iso.server.speculative import has_draft_model, uncovered_speculative
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -56,18 +56,15 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     unsupported = {
         "hybrid SWA model": ctx.is_hybrid_swa,
         "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
-        "EAGLE speculative decoding": bool(getattr(ctx.params, "is_eagle", False)),
     }
     algorithm = getattr(ctx.server_args, "speculative_algorithm", None)
+    found = [name for name, on in unsupported.items() if on]
     spec = uncovered_speculative(algorithm)
     if spec is not None:
-        unsupported["EAGLE speculative decoding"] = False  # named by the flag instead
-    found = [name for name, on in unsupported.items() if on]
-    if spec is not None:
         found.append(spec)
-    if ctx.enable_hierarchical_cache and str(algorithm or "").upper() == "STANDALONE":
+    if ctx.enable_hierarchical_cache and has_draft_model(algorithm):
         found.append(
-            "--speculative-algorithm STANDALONE with --enable-hierarchical-cache (no draft KV in the host tier)"
+            f"--speculative-algorithm {algorithm} with --enable-hierarchical-cache (no draft KV in the host tier)"
         )
     if ctx.enable_hierarchical_cache:
         from sglang_iso.integration.host_cache import uncovered_hicache_features
@@ -109,7 +106,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 
-        declare_shared_prefixes(cache.tree, config, _server_tokenizer(ctx.server_args), cache.page_size)
+        tokenizer = _server_tokenizer(ctx.server_args)
+        declare_shared_prefixes(cache.tree, config, tokenizer, cache.page_size, cache.tree_key)
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
 

@@ -4,12 +4,14 @@ The prefix is tokenized with the server's own tokenizer, the way the request
 path will tokenize it: ``text`` with plain encoding (no special tokens added),
 ``messages`` rendered with the model's chat template. The declared tokens are
 cut to whole pages; for ``text`` the last token is dropped too, because byte-level
-BPE may merge it with whatever a request puts after the prefix.
+BPE may merge it with whatever a request puts after the prefix. With an EAGLE-style
+draft head the tree is keyed by token pairs, and so is the declaration (one entry fewer).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from sglang_iso.cache import TenantRadixTree
@@ -21,10 +23,17 @@ logger = logging.getLogger(__name__)
 SCOPE = "model"  # one base model per server; LoRA namespaces get a scope per adapter load (TenantRadixCache)
 
 
-def declare_shared_prefixes(tree: TenantRadixTree, config: TenantsConfig, tokenizer: Any, page_size: int) -> int:
+def declare_shared_prefixes(
+    tree: TenantRadixTree,
+    config: TenantsConfig,
+    tokenizer: Any,
+    page_size: int,
+    tree_key: Callable[[list[int]], Sequence[int] | None] = list,
+) -> int:
     """Declare every shared prefix of ``config``; returns how many were declared.
 
-    A prefix shorter than one page after cutting is skipped with a warning.
+    ``tree_key`` turns tokens into the tree's key (the cache's own rule: token pairs with an EAGLE-style
+    draft head). A prefix shorter than one page after cutting is skipped with a warning.
     Readers are namespace owners: listed tenants, and cache groups all of whose
     members are listed (a group shares one namespace).
     """
@@ -37,7 +46,8 @@ def declare_shared_prefixes(tree: TenantRadixTree, config: TenantsConfig, tokeni
             tokens = _ids(rendered["input_ids"] if hasattr(rendered, "keys") else rendered, prefix.name)
         else:
             tokens = _ids(tokenizer.encode(prefix.text or "", add_special_tokens=False), prefix.name)[:-1]
-        tokens = tokens[: len(tokens) - len(tokens) % page_size]
+        key = tree_key(tokens)
+        tokens = list(key[: len(key) - len(key) % page_size]) if key is not None else []
         if not tokens:
             logger.warning("sglang-iso: shared prefix %r is shorter than one page; not declared", prefix.name)
             continue

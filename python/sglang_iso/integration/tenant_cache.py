@@ -22,6 +22,8 @@ Request lifecycle (page_size p; ``protected`` = ``req.kv.cache_protected_len``):
 from __future__ import annotations
 
 import logging
+from array import array
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -40,6 +42,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_iso.cache import NodeHandle, TenantRadixTree
+from sglang_iso.cache.pair_keys import pair_key
 from sglang_iso.constants import BACKEND_NAME, CachePolicy
 from sglang_iso.identity.tags import Namespace, NamespaceResolver
 from sglang_iso.integration.cache_report import CacheReport
@@ -91,6 +94,9 @@ class TenantRadixCache(BasePrefixCache):
         self.req_to_token_pool = params.req_to_token_pool
         self.token_to_kv_pool_allocator = params.token_to_kv_pool_allocator
         self.page_size = int(params.page_size)
+        # NOTE: an EAGLE-style draft head's KV at position i depends on token i + 1, so with one the tree is
+        # keyed by token pairs (as SGLang's own tree does for EAGLE): see ``cache/pair_keys.py``.
+        self.pair_keys = bool(getattr(params, "is_eagle", False))
         self.resolver = resolver
         allocator = self.token_to_kv_pool_allocator
         dev = getattr(allocator, "device", "cpu") if allocator is not None else "cpu"
@@ -126,9 +132,9 @@ class TenantRadixCache(BasePrefixCache):
         """Longest cached prefix of ``params.key`` in the key's own namespace."""
         key = params.key
         ns = self._namespace(key)
-        if self.disable or ns is None or len(key) < self.page_size:
+        tokens = self.tree_key(key.token_ids[: len(key)]) if not self.disable and ns is not None else None
+        if ns is None or tokens is None or len(tokens) < self.page_size:
             return self._miss()
-        tokens = key.token_ids[: len(key)]
         found = self.tree.match(ns, tokens)
         if self.host is not None and self.host.load_back(ns, tokens, found):
             found = self.tree.match(ns, tokens)
@@ -145,8 +151,9 @@ class TenantRadixCache(BasePrefixCache):
 
     def touch_prefix(self, key: RadixKey) -> None:
         ns = self._namespace(key)
-        if not self.disable and ns is not None and len(key) >= self.page_size:
-            self.tree.match(ns, key.token_ids[: len(key)])
+        tokens = self.tree_key(key.token_ids[: len(key)]) if not self.disable and ns is not None else None
+        if ns is not None and tokens is not None and len(tokens) >= self.page_size:
+            self.tree.match(ns, tokens)
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Store ``params.value`` for ``params.key``; the caller frees its duplicates.
@@ -158,8 +165,11 @@ class TenantRadixCache(BasePrefixCache):
         ns = self._namespace(key) if key is not None else None
         if self.disable or ns is None or key is None or params.value is None:
             return InsertResult(prefix_len=0)
-        n = len(key) - len(key) % self.page_size
-        result = self.tree.insert(ns, key.token_ids[:n], params.value[:n].tolist())
+        tokens = self.tree_key(key.token_ids[: len(key)])
+        if tokens is None:
+            return InsertResult(prefix_len=0)
+        n = len(tokens) - len(tokens) % self.page_size
+        result = self.tree.insert(ns, tokens[:n], params.value[:n].tolist())
         return InsertResult(prefix_len=result.prefix_len)
 
     def checkpoint(self, req: Req, *, up_to: int, **_kwargs: Any) -> None:
@@ -169,18 +179,19 @@ class TenantRadixCache(BasePrefixCache):
         token_ids = req.full_untruncated_fill_ids[:up_to]
         key = RadixKey(token_ids, req.extra_key, cache_salt=req.cache_salt)
         ns = self._namespace(key)
-        if ns is None:
-            return
-        n = len(token_ids) - len(token_ids) % self.page_size
+        tokens = self.tree_key(token_ids) if ns is not None else None
+        if ns is None or tokens is None:
+            return  # the row keeps its own slots; they are freed when the request is released
+        n = len(tokens) - len(tokens) % self.page_size
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         values = row[:n].to(dtype=torch.int64, copy=True)
-        result = self.tree.insert(ns, list(token_ids[:n]), values.tolist())
+        result = self.tree.insert(ns, tokens[:n], values.tolist())
         if result.duplicate_indices:
             # The request's own slots for tokens the tree already held: not tree slots.
             self.token_to_kv_pool_allocator.free(self._tensor(result.duplicate_indices))
         req.kv.cache_inserted_len = max(req.kv.cache_inserted_len, result.stored_len)
 
-        found = self.tree.match(ns, list(token_ids[: result.stored_len]))
+        found = self.tree.match(ns, tokens[: result.stored_len])
         protected = req.kv.cache_protected_len
         stored = found.prefix_len
         if stored > protected:
@@ -191,7 +202,7 @@ class TenantRadixCache(BasePrefixCache):
         # Slots in [stored, up_to) stay with the request and are freed at release.
         req.kv.cache_protected_len = max(protected, stored)
         if self.owners is not None and stored:
-            route = self.tree.shared_route(ns, token_ids[:stored])
+            route = self.tree.shared_route(ns, tokens[:stored])
             if route is not None:
                 self.owners.mark_shared(list(found.indices[: route[1]]), route[0])
         new_node = IsoNode(found.last_node, self._tensor(found.indices), ns) if stored else self.root_node
@@ -314,6 +325,17 @@ class TenantRadixCache(BasePrefixCache):
         """The only path by which slots leave the tree for the allocator."""
         if slots:
             self.token_to_kv_pool_allocator.free(self._tensor(slots))
+
+    def tree_key(self, tokens: Sequence[int]) -> Sequence[int] | None:
+        """The tree's key for ``tokens``: the tokens, or their packed pairs with an EAGLE-style draft head
+        (None, a miss, when a token cannot be packed; the scheduler's checks refuse such tokens first)."""
+        if not self.pair_keys:
+            return tokens if isinstance(tokens, list | array) else list(tokens)
+        try:
+            return pair_key(tokens)
+        except ValueError as exc:
+            logger.warning("sglang-iso: token ids the pair key cannot hold; treated as a miss: %s", exc)
+            return None
 
     def _namespace(self, key: RadixKey) -> str | None:
         ns = self.resolver.resolve_namespace(key.extra_key, key.cache_salt)

@@ -8,7 +8,7 @@ Covered (transfer quarantine and tenant tag, ``integration/pd_transfer.py``):
 Refused: other transfer backends (their drain signals are not reviewed; ``fake`` moves no KV, so a decode
 worker would compute from pages no prefill wrote), and PD features that move
 or keep KV outside the quarantined device pages (decode radix cache, host staging and offload,
-role switching, the staging buffer).
+role switching, the staging buffer, a speculative draft model).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sglang_iso.server.argv import flag_value, has_flag
+from sglang_iso.server.speculative import has_draft_model
 
 COVERED_BACKENDS: dict[str, tuple[str, ...]] = {
     "prefill": ("mooncake", "mooncake_tcp"),
@@ -48,6 +49,12 @@ def refuse_uncovered_pd(argv: Sequence[str]) -> None:
     for flag, why in UNCOVERED_PD_FLAGS.items():
         if has_flag(argv, flag):
             raise ValueError(f"{flag} is not supported by sglang-iso: {why}")
+    algorithm = flag_value(argv, "--speculative-algorithm")
+    if has_draft_model(algorithm):
+        raise ValueError(
+            f"--speculative-algorithm {algorithm} is not supported by sglang-iso with --disaggregation-mode {mode}: "
+            "the draft model's KV and hidden states cross workers outside the transfer quarantine"
+        )
     if flag_value(argv, "--disaggregation-decode-retraction-backup") == "host_pool":
         raise ValueError(
             "--disaggregation-decode-retraction-backup host_pool is not supported by sglang-iso: it needs SGLang's "

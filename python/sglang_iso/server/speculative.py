@@ -9,18 +9,20 @@ draft model's KV sits at the target's slot indices, so it follows the tree's
 namespaces; its buffers are scrubbed on free; every decode step's rows are
 sanitized before the first draft pass plans attention (``integration/spec_draft.py``).
 
-EAGLE, EAGLE3 and NEXTN/MTP run through the same worker entry and the same shared
-slots, so the same mechanism would apply; they stay refused because their draft KV
-at a position depends on the next token (upstream keys its tree by token pairs
-for them, which the tenant tree does not do) and no draft head ships with
-sglang-iso to test them. Every other algorithm (DFLASH, FROZEN_KV_MTP, UNO, ...)
-uses its own worker and is refused.
+EAGLE, EAGLE3 and NEXTN (MTP; SGLang runs it as EAGLE) are covered the same way: the
+same worker entry, the same shared slots. Their draft head's KV at a position depends
+on the next token too, so with them the tree is keyed by token pairs, as SGLang's own
+tree does (``cache/pair_keys.py``). Every other algorithm (DFLASH, FROZEN_KV_MTP, UNO,
+...) uses its own worker and is refused, and so is a draft model with the host tier
+(it keeps no draft KV) or with PD disaggregation (draft KV and hidden states cross
+workers outside the transfer quarantine).
 """
 
 from __future__ import annotations
 
-COVERED_ALGORITHMS = ("NGRAM", "STANDALONE")
-EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
+DRAFT_MODEL_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
+"""Covered algorithms with a draft model (its KV shares the target's slots); EAGLE-style ones key by pairs."""
+COVERED_ALGORITHMS = ("NGRAM", *DRAFT_MODEL_ALGORITHMS)
 
 
 def uncovered_speculative(algorithm: object) -> str | None:
@@ -31,12 +33,12 @@ def uncovered_speculative(algorithm: object) -> str | None:
     if name in ("", "NONE") or name in COVERED_ALGORITHMS:
         return None
     covered = ", ".join(COVERED_ALGORITHMS)
-    if name in EAGLE_FAMILY:
-        return (
-            f"--speculative-algorithm {algorithm} (its draft KV depends on the next token, which the tenant tree "
-            f"does not key by, and it is untested here; covered: {covered})"
-        )
     return (
         f"--speculative-algorithm {algorithm} (its draft worker's KV is not scrubbed or owner-checked; "
         f"covered: {covered})"
     )
+
+
+def has_draft_model(algorithm: object) -> bool:
+    """True for a covered algorithm that runs a draft model (STANDALONE and the EAGLE family)."""
+    return algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() in DRAFT_MODEL_ALGORITHMS

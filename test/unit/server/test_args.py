@@ -56,8 +56,7 @@ def test_owner_check_accepts_every_attention_backend(backend: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm EAGLE"),
-        (["--speculative-algorithm", "NEXTN"], "--speculative-algorithm NEXTN"),
+        (["--speculative-algorithm", "FROZEN_KV_MTP"], "--speculative-algorithm FROZEN_KV_MTP"),
         (["--speculative-algorithm", "DFLASH"], "--speculative-algorithm DFLASH"),
         (["--dllm-algorithm=LowConfidence"], "--dllm-algorithm LowConfidence"),
     ],
@@ -69,7 +68,7 @@ def test_owner_check_refuses_what_it_does_not_cover(flags: list[str], named: str
     assert plan.kv_owner_check == "off"  # positive control: allowed with the check off
 
 
-@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "standalone"])
+@pytest.mark.parametrize("algorithm", ["NGRAM", "STANDALONE", "standalone", "EAGLE", "EAGLE3", "NEXTN"])
 def test_owner_check_allows_covered_speculative_algorithms(algorithm: str) -> None:
     plan = plan_launch(["--model-path", "m", "--speculative-algorithm", algorithm], cuda_available=True)
     assert plan.kv_owner_check == "on"
@@ -167,6 +166,8 @@ PD = ["--model-path", "m", "--tenants-file", "t.toml"]
         (["--disaggregation-mode", "decode", "--disaggregation-decode-host-receive-threshold", "0.5"], "threshold"),
         (["--disaggregation-mode", "prefill", "--enable-pd-role-switch"], "role-switch"),
         (["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "host_pool"], "host_pool"),
+        (["--disaggregation-mode", "prefill", "--speculative-algorithm", "EAGLE"], "algorithm EAGLE is not"),
+        (["--disaggregation-mode", "decode", "--speculative-algorithm", "STANDALONE"], "STANDALONE is not"),
     ],
 )
 def test_uncovered_disaggregation_is_refused_by_name(argv: list[str], named: str) -> None:
@@ -189,3 +190,5 @@ def test_covered_disaggregation_is_served() -> None:
         plan_launch([*PD, "--disaggregation-mode", "prefill"], cuda_available=True,
                     env={"SGLANG_DISAGG_STAGING_BUFFER": "1"})  # fmt: skip
     assert plan_launch(["--model-path", "m", "--disaggregation-mode", "null"], cuda_available=True).sglang_argv
+    ngram = [*PD, "--kv-owner-check", "off", "--disaggregation-mode", "decode", "--speculative-algorithm", "NGRAM"]
+    assert plan_launch(ngram, cuda_available=True).sglang_argv  # no draft model: served
