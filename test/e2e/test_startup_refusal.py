@@ -36,12 +36,12 @@ def test_scheduler_check_refuses_the_default_tree_cache() -> None:
 
 
 def test_uncovered_draft_model_speculative_decoding_is_refused_by_name() -> None:
-    # With the owner check off the launcher lets it through; the tenant cache factory still refuses EAGLE (its
-    # draft KV depends on the next token, which the tenant tree does not key by). STANDALONE and NGRAM are
-    # served: test_speculative_draft.py, test_speculative.py.
+    # With the owner check off the launcher lets it through; the scheduler still refuses FROZEN_KV_MTP (its own worker
+    # keeps draft KV the scrubber and the owner check do not cover) before any model loads. NGRAM, STANDALONE
+    # and EAGLE are served: test_speculative.py, test_speculative_draft.py, test_speculative_eagle.py.
     model = str(tiny_model_path())
     server = start_iso_server(
-        "--kv-owner-check", "off", "--attention-backend", "triton", "--speculative-algorithm", "EAGLE",
+        "--kv-owner-check", "off", "--attention-backend", "triton", "--speculative-algorithm", "FROZEN_KV_MTP",
         "--speculative-draft-model-path", model, "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "3",
         env={"TRITON_INTERPRET": "1"},
@@ -50,4 +50,4 @@ def test_uncovered_draft_model_speculative_decoding_is_refused_by_name() -> None
         server.start(timeout_s=240)
     server.keep_log = False  # an expected refusal: its log tail is in the error
     server.stop()
-    assert "does not support --speculative-algorithm EAGLE" in str(err.value)
+    assert "does not support --speculative-algorithm FROZEN_KV_MTP" in str(err.value)
