@@ -1,9 +1,11 @@
-"""Speculative decoding with a draft model (STANDALONE) under the tenant tree.
+"""Speculative decoding with a draft model (STANDALONE, EAGLE, EAGLE3, NEXTN) under the tenant tree.
 
 SGLang's draft model shares the target's ``req_to_token`` rows and KV allocator:
 a draft token's KV lives at the same slot index as the target's, in the draft
 runner's own buffers. So the tree's namespaces already govern both pools (one
-match hands out target and draft KV together), and what is left is:
+match hands out target and draft KV together; with an EAGLE-style head, whose
+KV at a position also depends on the next token, the tree is keyed by token
+pairs: ``cache/pair_keys.py``), and what is left is:
 
     scrub on free     the draft pool's buffers are added to the scrubber (same pages, same free path)
                       and the owner check's zero page is zeroed in them too

@@ -71,7 +71,7 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         default="on",
         help="on: before every forward, whatever the attention backend, check each KV page a request's row "
         "points at is its own; a foreign or free page reads as zeros and aborts the request (default). "
-        "Refused with speculative decoding other than NGRAM and STANDALONE, --dllm-algorithm and "
+        "Refused with speculative decoding other than NGRAM, STANDALONE, EAGLE, EAGLE3 and NEXTN, --dllm-algorithm and "
         "--disaggregation-mode decode.",
     )
     group.add_argument(
