@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sglang_iso.models import tiny_model_path
@@ -33,7 +34,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # NOTE: SGLang captures the input of target layer ``id + 1``, so on the 2-layer bundled model only -1 (the
 # embeddings) and 0 (the output of layer 0) are capturable; an id past the last layer is silently never captured.
 AUX_LAYER_IDS = (-1, 0)
-DRAFT_VOCAB = 1024  # EAGLE3 draft vocabulary: half of the bundled model's
+DRAFT_VOCAB = 1024
+# NOTE: an echo head scales the embedding so the echoed token's logit is about this much; with the raw embedding
+# (a logit of ~0.05 on the bundled model) its softmax is flat and a top-k tree prefers wide over deep.
+ECHO_LOGIT = 10.0  # EAGLE3 draft vocabulary: half of the bundled model's
 
 
 def write_eagle_head(
@@ -44,7 +48,7 @@ def write_eagle_head(
     ``dest`` gets ``config.json``, ``model.safetensors`` and the target's tokenizer files. The same arguments
     always give the same weights. ``echo`` (EAGLE only) makes the head propose the token it was just fed:
     ``fc`` passes the embedding through and the decoder layer adds nothing (zero ``o_proj`` and
-    ``down_proj``), so the draft's logits are ``E @ E[token]``, which peak at ``token``. The bundled model's
+    ``down_proj``), so the draft's logits are ``gain * E @ E[token]``, which peak sharply at ``token``. The bundled model's
     greedy output mostly repeats one token, so an echo head's drafts are mostly accepted: a positive control
     for accept lengths, and a verify pass that accepts several tokens at once.
 
@@ -63,7 +67,8 @@ def write_eagle_head(
         tensors[name] = _init(name, shape, config, gen)
     if echo:
         hidden = int(config["hidden_size"])
-        tensors["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+        gain = ECHO_LOGIT / _mean_square_norm(source / "model.safetensors", "model.embed_tokens.weight")
+        tensors["fc.weight"] = torch.cat([gain * torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
         for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
             tensors[name] = torch.zeros_like(tensors[name])
     dest.mkdir(parents=True, exist_ok=True)
@@ -125,6 +130,12 @@ def expected_tensors(config: dict, kind: str) -> dict[str, tuple[int, ...]]:
         }
     )
     return shapes
+
+
+def _mean_square_norm(checkpoint: Path, name: str) -> float:
+    with safe_open(str(checkpoint), framework="pt") as f:
+        rows = f.get_tensor(name).float()
+    return float(rows.pow(2).sum(-1).mean())
 
 
 def _init(name: str, shape: tuple[int, ...], config: dict, gen: torch.Generator) -> torch.Tensor:
