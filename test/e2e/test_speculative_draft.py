@@ -1,13 +1,17 @@
-"""STANDALONE speculative decoding (the bundled model as its own draft) with tenants, end to end on CPU.
+"""Speculative decoding with a draft model and tenants, end to end on CPU: STANDALONE and EAGLE.
 
-One server: STANDALONE, the owner check on, a tenants file, Triton attention in its interpreter. The draft
-model's KV sits at the target's slot indices, so one tree match hands out both:
+One server per algorithm: the owner check on, a tenants file, Triton attention in its interpreter. STANDALONE
+drafts with the bundled model itself; EAGLE with a small seeded head written by the test (an "echo" head whose
+drafts the bundled model mostly accepts, so verify passes accept several tokens). The draft model's KV sits at
+the target's slot indices, so one tree match hands out both:
 
 * positive control: acme repeating its prompt hits the cache, and the draft KV of every reused token is
   there (a test plugin's counter reads the draft pool at the prefix slots of each prefill);
 * isolation: globex sending acme's prompt misses both (no cached tokens, no reused draft KV);
 * the counter reads the draft pool: after acme's draft KV is zeroed (test plugin command), acme's next hit
   reuses target KV but finds no draft KV, and its output still does not change;
+* EAGLE's draft KV at a position depends on the next token, so its tree is keyed by token pairs: a prompt
+  agreeing with an earlier one on k tokens reuses k positions with STANDALONE and k - 1 with EAGLE;
 * forced corruption on a draft pass: a foreign slot planted into a row at the start of a decode step, before
   the draft plans attention, is redirected to the zero page and the request aborted;
 * lossless: every output equals the greedy output built one prefill at a time, up to a float tie;
@@ -22,6 +26,7 @@ import pytest
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso_testing import spec_plant
+from sglang_iso_testing.eagle_head import write_eagle_head
 from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.process import ServerProcess
 
@@ -39,6 +44,7 @@ from .test_tenants import auth
 pytestmark = pytest.mark.e2e
 
 PROMPT_LEN = 40
+ALGORITHMS = ("STANDALONE", "EAGLE")
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +54,20 @@ def keys() -> dict[str, str]:
     return {name: new_api_key() for name in (*TENANTS, "admin")}
 
 
+@pytest.fixture(scope="module", params=ALGORITHMS)
+def algorithm(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], algorithm: str) -> Iterator[ServerProcess]:
+    if algorithm == "STANDALONE":
+        draft = tiny_model_path()
+    else:
+        draft = write_eagle_head(tmp_path_factory.mktemp("eagle-head"), kind=algorithm, echo=True)
     yield from spec_server(
-        tmp_path_factory, keys, "--speculative-algorithm", "STANDALONE",
-        "--speculative-draft-model-path", str(tiny_model_path()), "--speculative-num-steps", "3",
+        tmp_path_factory, keys, "--speculative-algorithm", algorithm,
+        "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
     )  # fmt: skip
 
@@ -83,8 +98,7 @@ def _admin(server: ServerProcess, keys: dict[str, str], command: str) -> None:
 
 
 def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
-    server: ServerProcess,
-    keys: dict[str, str],
+    server: ServerProcess, keys: dict[str, str], algorithm: str
 ) -> None:
     prompt = _prompt()
     before = _reused(server, keys)
@@ -96,7 +110,8 @@ def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
 
     repeat = _generate(server, keys["acme"], prompt)  # positive control: target and draft KV reused
     cached = repeat["meta_info"]["cached_tokens"]
-    assert cached >= PROMPT_LEN - 1, repeat["meta_info"]
+    # the scheduler looks up all tokens but the last; pair keys cover one position fewer
+    assert cached == PROMPT_LEN - (2 if algorithm == "EAGLE" else 1), repeat["meta_info"]
     after_repeat = _reused(server, keys)
     assert after_repeat - after_first == cached  # the draft KV of every reused token was there
 
@@ -115,6 +130,29 @@ def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
     tree = _state(server, keys)["tree_cache"]
     assert tree["draft_buffers"] > 0 and tree["owner_draft_step_checks"] > 0  # draft pool scrubbed, steps checked
     assert tree["owner_violations"] == 0  # no false positives on draft, verify or draft-extend passes
+
+
+def test_reuse_stops_where_the_draft_kv_depends_on_a_different_next_token(
+    server: ServerProcess, keys: dict[str, str], algorithm: str
+) -> None:
+    prompt = _prompt()
+    first = _generate(server, keys["acme"], prompt)
+    agree = PROMPT_LEN - 10
+    fork = [*prompt[:agree], *random_prompt(10)]
+    fork[agree] = prompt[agree] + 1  # differs from token ``agree`` on
+    before = _reused(server, keys)
+    forked = _generate(server, keys["acme"], fork)
+    # STANDALONE: the agreeing tokens; EAGLE: one fewer (that position's draft KV was made with prompt[agree] next)
+    expected = agree - 1 if algorithm == "EAGLE" else agree
+    assert forked["meta_info"]["cached_tokens"] == expected, (algorithm, forked["meta_info"])
+    assert _reused(server, keys) - before == expected  # draft KV of exactly those positions
+    other = _generate(server, keys["globex"], fork)  # isolation: globex misses both
+    assert other["meta_info"]["cached_tokens"] == 0, other["meta_info"]
+    reference, gaps = _greedy_one_by_one(server, keys["initech"], fork)
+    for r in (forked, other):
+        _assert_greedy_equal(r["output_ids"], reference, gaps)
+    if algorithm == "EAGLE":  # the echo head's drafts are accepted: the draft model really ran
+        assert first["meta_info"]["spec_accept_length"] > 1, first["meta_info"]
 
 
 @pytest.mark.parametrize(
