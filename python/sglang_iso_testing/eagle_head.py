@@ -1,16 +1,18 @@
 """A tiny seeded EAGLE / EAGLE3 draft head for the bundled model, written by hand (no training, no download).
 
-SGLang loads it with ``--speculative-algorithm EAGLE`` (or ``NEXTN``, an alias of EAGLE) or ``EAGLE3`` and
-``--speculative-draft-model-path <dir>``. The weights are random with a small scale, so the drafts are mostly
-wrong and accept lengths stay near 1; verification keeps greedy output lossless whatever the draft proposes.
+SGLang loads it with ``--speculative-algorithm EAGLE`` (``NEXTN`` is an alias SGLang resolves to EAGLE) or
+``EAGLE3`` and ``--speculative-draft-model-path <dir>``; on CPU with ``--attention-backend triton`` under
+``TRITON_INTERPRET=1`` (the torch_native backend has no EAGLE draft path). A random head's drafts are almost
+always wrong (accept lengths near 1); an ``echo`` head's are right on the bundled model, whose greedy output
+repeats a token. Verification keeps greedy output lossless whatever the draft proposes.
 
 * ``EAGLE`` (``LlamaForCausalLMEagle``): ``fc`` maps ``[embedding, target hidden]`` (2 x hidden) to hidden, then
   one Llama decoder layer without its input norm, no final norm. SGLang binds the target's embedding and LM head
   into the draft (``set_embed_and_head``), so the checkpoint holds neither.
 * ``EAGLE3`` (``LlamaForCausalLMEagle3``): ``fc`` maps the target's aux hidden states (``AUX_LAYER_IDS``) to
   hidden; one decoder layer whose attention reads ``[normed embedding, normed hidden]`` (2 x hidden), a final
-  norm and its own LM head over a draft vocabulary of ``DRAFT_VOCAB`` tokens, mapped to target ids by ``d2t``
-  (draft id + ``d2t[id]`` = target id). The embedding comes from the target (``set_embed``).
+  norm and its own LM head over a draft vocabulary, mapped to target ids by ``d2t`` (draft id + ``d2t[id]`` =
+  target id). The embedding comes from the target (``set_embed``).
 
 Tensor names are the checkpoint's (SGLang prefixes ``model.`` when loading); :func:`expected_tensors` lists them
 with their shapes for a config.
