@@ -1,16 +1,18 @@
 """A tiny seeded EAGLE / EAGLE3 draft head for the bundled model, written by hand (no training, no download).
 
-SGLang loads it with ``--speculative-algorithm EAGLE`` (or ``NEXTN``, an alias of EAGLE) or ``EAGLE3`` and
-``--speculative-draft-model-path <dir>``. The weights are random with a small scale, so the drafts are mostly
-wrong and accept lengths stay near 1; verification keeps greedy output lossless whatever the draft proposes.
+SGLang loads it with ``--speculative-algorithm EAGLE`` (``NEXTN`` is an alias SGLang resolves to EAGLE) or
+``EAGLE3`` and ``--speculative-draft-model-path <dir>``; on CPU with ``--attention-backend triton`` under
+``TRITON_INTERPRET=1`` (the torch_native backend has no EAGLE draft path). A random head's drafts are almost
+always wrong (accept lengths near 1); an ``echo`` head's are right on the bundled model, whose greedy output
+repeats a token. Verification keeps greedy output lossless whatever the draft proposes.
 
 * ``EAGLE`` (``LlamaForCausalLMEagle``): ``fc`` maps ``[embedding, target hidden]`` (2 x hidden) to hidden, then
   one Llama decoder layer without its input norm, no final norm. SGLang binds the target's embedding and LM head
   into the draft (``set_embed_and_head``), so the checkpoint holds neither.
 * ``EAGLE3`` (``LlamaForCausalLMEagle3``): ``fc`` maps the target's aux hidden states (``AUX_LAYER_IDS``) to
   hidden; one decoder layer whose attention reads ``[normed embedding, normed hidden]`` (2 x hidden), a final
-  norm and its own LM head over a draft vocabulary of ``DRAFT_VOCAB`` tokens, mapped to target ids by ``d2t``
-  (draft id + ``d2t[id]`` = target id). The embedding comes from the target (``set_embed``).
+  norm and its own LM head over a draft vocabulary, mapped to target ids by ``d2t`` (draft id + ``d2t[id]`` =
+  target id). The embedding comes from the target (``set_embed``).
 
 Tensor names are the checkpoint's (SGLang prefixes ``model.`` when loading); :func:`expected_tensors` lists them
 with their shapes for a config.
@@ -34,10 +36,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 # NOTE: SGLang captures the input of target layer ``id + 1``, so on the 2-layer bundled model only -1 (the
 # embeddings) and 0 (the output of layer 0) are capturable; an id past the last layer is silently never captured.
 AUX_LAYER_IDS = (-1, 0)
-DRAFT_VOCAB = 1024
-# NOTE: an echo head scales the embedding so the echoed token's logit is about this much; with the raw embedding
-# (a logit of ~0.05 on the bundled model) its softmax is flat and a top-k tree prefers wide over deep.
-ECHO_LOGIT = 10.0  # EAGLE3 draft vocabulary: half of the bundled model's
+DRAFT_VOCAB = 1024  # EAGLE3 draft vocabulary of a random head: half of the bundled model's
+# NOTE: an echo head scales its logits so the echoed token's is about this much; with the raw embedding (a logit
+# of ~0.05 on the bundled model) the softmax is flat and a top-k tree prefers wide over deep.
+ECHO_LOGIT = 10.0
 
 
 def write_eagle_head(
@@ -46,31 +48,30 @@ def write_eagle_head(
     """Write a draft head for ``target`` (default: the bundled tiny model) into ``dest``; returns ``dest``.
 
     ``dest`` gets ``config.json``, ``model.safetensors`` and the target's tokenizer files. The same arguments
-    always give the same weights. ``echo`` (EAGLE only) makes the head propose the token it was just fed:
-    ``fc`` passes the embedding through and the decoder layer adds nothing (zero ``o_proj`` and
-    ``down_proj``), so the draft's logits are ``gain * E @ E[token]``, which peak sharply at ``token``. The bundled model's
+    always give the same weights.
+
+    ``echo`` makes the head propose the token it was fed (EAGLE) or the one before it (EAGLE3, whose ``fc``
+    reads the target's embedding capture): ``fc`` passes the embedding through and the decoder layer adds
+    nothing (zero ``o_proj`` and ``down_proj``), so the logits peak sharply at that token. The bundled model's
     greedy output mostly repeats one token, so an echo head's drafts are mostly accepted: a positive control
-    for accept lengths, and a verify pass that accepts several tokens at once.
+    for accept lengths, and verify passes that accept several tokens at once. An echo EAGLE3 head's draft
+    vocabulary is the whole target vocabulary (shuffled), so every token can be echoed.
 
     Raises:
-        ValueError: ``kind`` is not one of ``ARCHITECTURES``, or ``echo`` with a kind other than EAGLE.
+        ValueError: ``kind`` is not one of ``ARCHITECTURES``.
     """
     if kind not in ARCHITECTURES:
         raise ValueError(f"kind must be one of {sorted(ARCHITECTURES)}, got {kind!r}")
-    if echo and kind != "EAGLE":
-        raise ValueError(f"echo is for kind 'EAGLE' only, got {kind!r}")
     source = tiny_model_path() if target is None else target
-    config = head_config(json.loads((source / "config.json").read_text()), kind)
+    config = head_config(json.loads((source / "config.json").read_text()), kind, echo=echo)
     gen = torch.Generator().manual_seed(seed)
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in expected_tensors(config, kind).items():
         tensors[name] = _init(name, shape, config, gen)
     if echo:
-        hidden = int(config["hidden_size"])
-        gain = ECHO_LOGIT / _mean_square_norm(source / "model.safetensors", "model.embed_tokens.weight")
-        tensors["fc.weight"] = torch.cat([gain * torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-        for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight"):
-            tensors[name] = torch.zeros_like(tensors[name])
+        with safe_open(str(source / "model.safetensors"), framework="pt") as f:
+            embed = f.get_tensor("model.embed_tokens.weight").float()
+        tensors.update(_echo_tensors(tensors, embed, kind))
     dest.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
     (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -80,7 +81,7 @@ def write_eagle_head(
     return dest
 
 
-def head_config(target_config: dict, kind: str) -> dict:
+def head_config(target_config: dict, kind: str, *, echo: bool = False) -> dict:
     """The draft head's ``config.json``: the target's Llama config with one layer and the head's architecture."""
     config = {k: v for k, v in target_config.items() if k not in ("architectures", "transformers_version")}
     # NOTE: untied because SGLang replaces the draft's embedding and LM head by the target's one after the
@@ -88,7 +89,9 @@ def head_config(target_config: dict, kind: str) -> dict:
     config.update(architectures=[ARCHITECTURES[kind]], num_hidden_layers=1, tie_word_embeddings=False)
     if kind == "EAGLE3":
         config.update(
-            draft_vocab_size=min(DRAFT_VOCAB, int(target_config["vocab_size"])),
+            draft_vocab_size=int(target_config["vocab_size"])
+            if echo
+            else min(DRAFT_VOCAB, int(target_config["vocab_size"])),
             target_hidden_size=int(target_config["hidden_size"]),
             eagle_config={"eagle_aux_hidden_state_layer_ids": list(AUX_LAYER_IDS), "use_aux_hidden_state": True},
         )
@@ -132,10 +135,26 @@ def expected_tensors(config: dict, kind: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _mean_square_norm(checkpoint: Path, name: str) -> float:
-    with safe_open(str(checkpoint), framework="pt") as f:
-        rows = f.get_tensor(name).float()
-    return float(rows.pow(2).sum(-1).mean())
+def _echo_tensors(tensors: dict[str, torch.Tensor], embed: torch.Tensor, kind: str) -> dict[str, torch.Tensor]:
+    hidden = embed.shape[1]
+    fc = torch.zeros_like(tensors["fc.weight"])
+    out = {
+        name: torch.zeros_like(tensors[name])
+        for name in ("layers.0.self_attn.o_proj.weight", "layers.0.mlp.down_proj.weight")
+    }
+    if kind == "EAGLE":
+        # draft logits = E @ (gain * E[token]): the target's LM head is its embedding (tied)
+        gain = ECHO_LOGIT / float(embed.pow(2).sum(-1).mean())
+        fc[:, :hidden] = gain * torch.eye(hidden)
+        return {**out, "fc.weight": fc}
+    # EAGLE3: the first aux block is the embedding capture; the final norm scales the hidden state to an RMS of
+    # 1, and the draft LM head's rows are the unit embeddings of its vocabulary (draft id + d2t = target id)
+    fc[:, :hidden] = torch.eye(hidden)
+    ids = torch.arange(tensors["d2t"].shape[0]) + tensors["d2t"]
+    rows = embed[ids]
+    # NOTE: clamped because the padding token's embedding row is all zeros
+    lm_head = rows / rows.norm(dim=-1, keepdim=True).clamp_min(1e-6) * (ECHO_LOGIT / hidden**0.5)
+    return {**out, "fc.weight": fc, "lm_head.weight": lm_head}
 
 
 def _init(name: str, shape: tuple[int, ...], config: dict, gen: torch.Generator) -> torch.Tensor:
@@ -144,7 +163,7 @@ def _init(name: str, shape: tuple[int, ...], config: dict, gen: torch.Generator)
     if name.endswith(".bias"):
         return torch.zeros(shape)
     if name == "d2t":
-        # a seeded sorted subset of the target vocabulary, stored as offsets from the draft ids
-        picked = torch.randperm(int(config["vocab_size"]), generator=gen)[: shape[0]].sort().values
+        # a seeded subset of the target vocabulary in a seeded order, stored as offsets from the draft ids
+        picked = torch.randperm(int(config["vocab_size"]), generator=gen)[: shape[0]]
         return picked - torch.arange(shape[0])
     return torch.randn(shape, generator=gen) * INIT_STD
