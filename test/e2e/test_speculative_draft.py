@@ -1,9 +1,9 @@
-"""Speculative decoding with a draft model and tenants, end to end on CPU: STANDALONE, EAGLE and EAGLE3.
+"""Speculative decoding with a draft model and tenants, end to end on CPU: STANDALONE, EAGLE, EAGLE3, NEXTN.
 
 One server per algorithm: the owner check on, a tenants file, Triton attention in its interpreter. STANDALONE
-drafts with the bundled model itself; EAGLE and EAGLE3 with small seeded heads written by the test ("echo" heads whose
-drafts the bundled model mostly accepts, so verify passes accept several tokens). The draft model's KV sits at
-the target's slot indices, so one tree match hands out both:
+drafts with the bundled model itself; EAGLE, EAGLE3 and NEXTN (MTP; SGLang runs it as EAGLE) with small seeded
+heads written by the test ("echo" heads whose drafts the bundled model mostly accepts, so verify passes accept
+several tokens). The draft model's KV sits at the target's slot indices, so one tree match hands out both:
 
 * positive control: acme repeating its prompt hits the cache, and the draft KV of every reused token is
   there (a test plugin's counter reads the draft pool at the prefix slots of each prefill);
@@ -11,7 +11,7 @@ the target's slot indices, so one tree match hands out both:
 * the counter reads the draft pool: after acme's draft KV is zeroed (test plugin command), acme's next hit
   reuses target KV but finds no draft KV, and its output still does not change;
 * an EAGLE-style head's draft KV at a position depends on the next token, so the tree is keyed by token pairs:
-  a prompt agreeing with an earlier one on k tokens reuses k positions with STANDALONE and k - 1 with EAGLE(3);
+  a prompt agreeing with an earlier one on k tokens reuses k positions with STANDALONE and k - 1 with the others;
 * forced corruption on a draft pass: a foreign slot planted into a row at the start of a decode step, before
   the draft plans attention, is redirected to the zero page and the request aborted;
 * lossless: every output equals the greedy output built one prefill at a time, up to a float tie;
@@ -44,7 +44,8 @@ from .test_tenants import auth
 pytestmark = pytest.mark.e2e
 
 PROMPT_LEN = 40
-ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
+ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3", "NEXTN")
+PAIR_KEYED = ("EAGLE", "EAGLE3", "NEXTN")  # an EAGLE-style head (NEXTN/MTP runs as EAGLE): the tree keys by pairs
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], algor
     if algorithm == "STANDALONE":
         draft = tiny_model_path()
     else:
-        draft = write_eagle_head(tmp_path_factory.mktemp("eagle-head"), kind=algorithm, echo=True)
+        kind = "EAGLE3" if algorithm == "EAGLE3" else "EAGLE"
+        draft = write_eagle_head(tmp_path_factory.mktemp("eagle-head"), kind=kind, echo=True)
     yield from spec_server(
         tmp_path_factory, keys, "--speculative-algorithm", algorithm,
         "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "3",
@@ -111,7 +113,7 @@ def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
     repeat = _generate(server, keys["acme"], prompt)  # positive control: target and draft KV reused
     cached = repeat["meta_info"]["cached_tokens"]
     # the scheduler looks up all tokens but the last; pair keys cover one position fewer
-    assert cached == PROMPT_LEN - (2 if algorithm.startswith("EAGLE") else 1), repeat["meta_info"]
+    assert cached == PROMPT_LEN - (2 if algorithm in PAIR_KEYED else 1), repeat["meta_info"]
     after_repeat = _reused(server, keys)
     assert after_repeat - after_first == cached  # the draft KV of every reused token was there
 
@@ -143,7 +145,7 @@ def test_reuse_stops_where_the_draft_kv_depends_on_a_different_next_token(
     before = _reused(server, keys)
     forked = _generate(server, keys["acme"], fork)
     # STANDALONE: the agreeing tokens; EAGLE: one fewer (that position's draft KV was made with prompt[agree] next)
-    expected = agree - 1 if algorithm.startswith("EAGLE") else agree
+    expected = agree - 1 if algorithm in PAIR_KEYED else agree
     assert forked["meta_info"]["cached_tokens"] == expected, (algorithm, forked["meta_info"])
     assert _reused(server, keys) - before == expected  # draft KV of exactly those positions
     other = _generate(server, keys["globex"], fork)  # isolation: globex misses both
