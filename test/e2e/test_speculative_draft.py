@@ -67,10 +67,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], algor
     else:
         kind = "EAGLE3" if algorithm == "EAGLE3" else "EAGLE"
         draft = write_eagle_head(tmp_path_factory.mktemp("eagle-head"), kind=kind, echo=True)
+    # NOTE: NEXTN drafts a tree (top-2 per step, 6 draft tokens), the others a chain: both draft layouts run
+    topk, drafts = ("2", "6") if algorithm == "NEXTN" else ("1", "4")
     yield from spec_server(
         tmp_path_factory, keys, "--speculative-algorithm", algorithm,
         "--speculative-draft-model-path", str(draft), "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--speculative-eagle-topk", topk, "--speculative-num-draft-tokens", drafts,
     )  # fmt: skip
 
 
