@@ -53,3 +53,18 @@ def test_scheduler_check_refuses_a_foreign_tree_cache(monkeypatch: pytest.Monkey
     # Not enforced for a plain upstream server started from the same environment.
     monkeypatch.delenv(hooks.REQUIRE_ENV)
     hooks.verify_scheduler_tree_cache(None, scheduler)
+
+
+@pytest.mark.parametrize("algorithm", ["STANDALONE", "EAGLE", "EAGLE3", "NEXTN"])
+def test_factory_refuses_a_draft_model_with_the_host_tier(algorithm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *REQUIRED_HOOK_TARGETS})
+    ctx = SimpleNamespace(
+        server_args=SimpleNamespace(speculative_algorithm=algorithm), params=SimpleNamespace(is_eagle=True),
+        is_hybrid_swa=False, is_hybrid_ssm=False, enable_hierarchical_cache=True,
+    )  # fmt: skip
+    with pytest.raises(backend.UnsupportedConfigError, match=f"{algorithm} with --enable-hierarchical-cache"):
+        backend.build_tenant_cache(ctx)  # type: ignore[arg-type]
+    ngram = SimpleNamespace(**{**vars(ctx), "server_args": SimpleNamespace(speculative_algorithm="NGRAM")})
+    with pytest.raises(Exception) as err:  # positive control: NGRAM passes the refusals (then needs real pools)
+        backend.build_tenant_cache(ngram)  # type: ignore[arg-type]
+    assert "does not support" not in str(err.value)
