@@ -121,8 +121,11 @@ def forward_bench(args: argparse.Namespace) -> list[dict[str, float]]:
         torch.set_num_threads(args.cpu_threads)
     pools = [int(p) for p in args.pools.split(",") if p]
     batches = [int(b) for b in args.batches.split(",") if b]
-    cells = [(p, b) for p in pools for b in batches]
+    pages_per_req = -(-args.context // args.page_size)
+    cells = [(p, b) for p in pools for b in batches if b * pages_per_req <= p // args.page_size]
     print(f"per forward on {device}: pools {pools} x batches {batches}, {args.context} tokens per request", flush=True)
+    for p, b in ((p, b) for p in pools for b in batches if (p, b) not in cells):
+        print(f"  pool={p} batch={b}: skipped ({b} x {args.context} tokens do not fit in the pool)", flush=True)
     results, t0 = [], time.monotonic()
     for i, (pool, batch) in enumerate(cells, 1):
         legacy = batch <= args.legacy_max_batch

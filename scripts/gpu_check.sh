@@ -7,7 +7,8 @@
 #   env        GPU, driver, python, torch, triton versions (fails when CUDA is not available)
 #   install    the CUDA package set (requirements/gpu.txt): skipped when sglang already imports; from WHEELS
 #              (a folder of wheels, offline) when set; else pip with the package index
-#   kernels    pytest -m gpu test/kernels: scrub kernel, checked kv-index builder, the batched row check
+#   kernels    pytest test/kernels on the GPU: scrub kernel, checked kv-index builder, the batched row check
+#              (the speculative-op stand-ins too when sglang imports)
 #   bench      benchmark/owner_check.py per-forward table (pool 64k..32M, batch 1..256) + PNG, and the scrub
 #              kernel's bandwidth (benchmark/scrub.py --skip-serving)
 #   server     pytest -m gpu test/e2e/test_owner_check.py: a FlashInfer server (CUDA graphs on) where a planted
@@ -100,7 +101,11 @@ else
 fi
 
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -m gpu)
-step kernels 120 "${PYTEST[@]}" test/kernels -rs
+# Every kernel test runs on the GPU (its tensors live on CUDA there, Triton compiled); the speculative-op
+# stand-ins are compared with SGLang's own Triton kernels, so they need sglang.
+KERNEL_TESTS=(test/kernels)
+have_sglang || KERNEL_TESTS+=(--ignore=test/kernels/test_spec_cpu.py)
+step kernels 150 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= "${KERNEL_TESTS[@]}" -rs
 
 if [ "$SMOKE" = 1 ]; then
   SIZES=(--pools 65536,1048576 --batches 1,16 --context 256 --repeats 2)
