@@ -113,9 +113,9 @@ def scrub_pages_triton(
     addrs = torch.tensor([buf.data_ptr() for buf in buffers], dtype=torch.int64).to(page_ids.device)  # [n]
     if page_words >= _ROWS_MIN_WORDS:
         grid_b = min(len(buffers), _ROW_BUFFER_PROGRAMS)
-        grid = (min(num_pages, max(1, _MAX_PROGRAMS // grid_b)), grid_b)
+        rows_grid = (min(num_pages, max(1, _MAX_PROGRAMS // grid_b)), grid_b)
         block = min(_ROW_BLOCK_MAX, triton.next_power_of_2(page_words))
-        _scrub_rows_kernel[grid](addrs, page_ids, len(buffers), num_pages, page_words, WORD_BYTES=word_bytes,
+        _scrub_rows_kernel[rows_grid](addrs, page_ids, len(buffers), num_pages, page_words, WORD_BYTES=word_bytes,
                                  BLOCK=block)  # fmt: skip
         return
     grid = (min(triton.cdiv(total_words, _BLOCK), _MAX_PROGRAMS),)
