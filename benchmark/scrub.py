@@ -57,6 +57,18 @@ def kernel_bench(layers: int, pages: int, page_size: int, heads: int, head_dim: 
 
     scrub_s = timed(lambda: scrub_pages(buffers, page_ids, page_size))
     assert all(int(torch.count_nonzero(b.view(pages + 1, -1)[page_ids])) == 0 for b in buffers)
+    flat_s = None
+    if device == "cuda":
+        # the other Triton layout on the same pages, for comparison (small pages use it by default)
+        from sglang_iso_kernels import _scrub_triton
+
+        chosen = _scrub_triton._ROWS_MIN_WORDS
+        _scrub_triton._ROWS_MIN_WORDS = 1 << 62
+        for b in buffers:
+            b.fill_(1)
+        flat_s = timed(lambda: scrub_pages(buffers, page_ids, page_size))
+        _scrub_triton._ROWS_MIN_WORDS = chosen
+        assert all(int(torch.count_nonzero(b.view(pages + 1, -1)[page_ids])) == 0 for b in buffers)
     flat = torch.empty(total // buffers[0].element_size(), dtype=dtype, device=device)
     if device == "cuda":
         src = torch.ones_like(flat)
@@ -65,6 +77,9 @@ def kernel_bench(layers: int, pages: int, page_size: int, heads: int, head_dim: 
         base_s, base_name = timed(lambda: flat.zero_()), "memset (zero_) of the same bytes"
     print(f"kernel: {device}, {len(buffers)} buffers, {page_ids.numel()} pages x {page_bytes} B = {total / 1e9:.3f} GB")
     print(f"  scrub_pages  {scrub_s * 1e3:8.2f} ms  {total / scrub_s / 1e9:7.2f} GB/s")
+    if flat_s is not None:
+        speedup = flat_s / scrub_s
+        print(f"  flat layout  {flat_s * 1e3:8.2f} ms  {total / flat_s / 1e9:7.2f} GB/s  (scrub_pages {speedup:.2f}x)")
     print(f"  baseline     {base_s * 1e3:8.2f} ms  {total / base_s / 1e9:7.2f} GB/s  ({base_name})")
     print(f"  fraction of baseline bandwidth: {base_s / scrub_s:.2f}")
 

@@ -34,6 +34,13 @@ def _make_pool(gen: torch.Generator, num_pages: int, page_size: int, device) -> 
     return buffers
 
 
+@pytest.fixture(params=["flat", "rows"])
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a Triton test with each kernel layout (the threshold between them moved to force one)."""
+    monkeypatch.setattr(_scrub_triton, "_ROWS_MIN_WORDS", 1 if request.param == "rows" else 1 << 62)
+    return str(request.param)
+
+
 def _as_bytes(buf: torch.Tensor) -> torch.Tensor:
     return buf.reshape(buf.shape[0], -1).view(torch.uint8)  # [num_slots, row_bytes]
 
@@ -50,7 +57,7 @@ def _assert_scrubbed(before: list[torch.Tensor], after: list[torch.Tensor], page
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_scrub_random_pages(seed: int, page_size: int, use_triton: bool, device) -> None:
+def test_scrub_random_pages(seed: int, page_size: int, use_triton: bool, device, layout: str) -> None:
     gen = torch.Generator().manual_seed(seed)
     num_pages = 6
     buffers = _make_pool(gen, num_pages, page_size, device)
@@ -63,7 +70,7 @@ def test_scrub_random_pages(seed: int, page_size: int, use_triton: bool, device)
 
 @pytest.mark.parametrize("pages", [[], [5], [0, 5], [0, 1, 2, 3, 4, 5]], ids=["empty", "last", "first+last", "all"])
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_scrub_edge_pages(pages: list[int], page_size: int, use_triton: bool, device) -> None:
+def test_scrub_edge_pages(pages: list[int], page_size: int, use_triton: bool, device, layout: str) -> None:
     gen = torch.Generator().manual_seed(7)
     buffers = _make_pool(gen, 6, page_size, device)
     before = [b.clone() for b in buffers]
@@ -71,7 +78,7 @@ def test_scrub_edge_pages(pages: list[int], page_size: int, use_triton: bool, de
     _assert_scrubbed(before, buffers, pages, page_size)
 
 
-def test_scrub_duplicates_and_empty_buffer_list(use_triton: bool, device) -> None:
+def test_scrub_duplicates_and_empty_buffer_list(use_triton: bool, device, layout: str) -> None:
     gen = torch.Generator().manual_seed(3)
     buffers = _make_pool(gen, 4, 2, device)
     before = [b.clone() for b in buffers]
@@ -80,7 +87,7 @@ def test_scrub_duplicates_and_empty_buffer_list(use_triton: bool, device) -> Non
     scrub_pages([], torch.tensor([1], device=device), 2, use_triton=use_triton)  # no-op
 
 
-def test_scrub_misaligned_buffer_uses_bytes(use_triton: bool, device) -> None:
+def test_scrub_misaligned_buffer_uses_bytes(use_triton: bool, device, layout: str) -> None:
     """A buffer whose base address is not 4-byte aligned must still scrub exactly its rows."""
     page_size, num_pages, row_bytes = 2, 4, 4
     backing = torch.randint(1, 256, (num_pages * page_size * row_bytes + 1,), dtype=torch.uint8).to(device)
@@ -92,15 +99,17 @@ def test_scrub_misaligned_buffer_uses_bytes(use_triton: bool, device) -> None:
     assert backing[0] == before_backing[0], "byte before the buffer changed"
 
 
-def test_triton_one_launch_per_row_group(monkeypatch: pytest.MonkeyPatch, device) -> None:
-    """All buffers with the same words per page share one launch, and the grid-stride loop covers
-    more blocks than programs (grid and block shrunk to force striding)."""
+def test_triton_one_launch_per_row_group(monkeypatch: pytest.MonkeyPatch, device, layout: str) -> None:
+    """All buffers with the same words per page share one launch, and the grid-stride loops cover more
+    work than programs (grid and blocks shrunk to force striding over pages, buffers and words)."""
     from test.kernels.conftest import TRITON_RUNNABLE
 
     if not TRITON_RUNNABLE:
         pytest.skip("Triton cannot run here")
     monkeypatch.setattr(_scrub_triton, "_MAX_PROGRAMS", 2)
     monkeypatch.setattr(_scrub_triton, "_BLOCK", 16)
+    monkeypatch.setattr(_scrub_triton, "_ROW_BLOCK_MAX", 2)  # rows: several blocks per page (4-byte rows: 4 words)
+    monkeypatch.setattr(_scrub_triton, "_ROW_BUFFER_PROGRAMS", 2)
     launches: list[int] = []
     real = _scrub_triton.scrub_pages_triton
 
@@ -143,7 +152,7 @@ def test_forcing_triton_on_plain_cpu_is_an_error(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.gpu
-def test_scrub_gpu_large_pool_matches_torch() -> None:
+def test_scrub_gpu_large_pool_matches_torch(layout: str) -> None:
     gen = torch.Generator().manual_seed(5)
     page_size, num_pages = 16, 512
     buffers = [b.cuda() for b in _make_pool(gen, num_pages, page_size, "cpu")]
