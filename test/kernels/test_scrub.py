@@ -107,6 +107,7 @@ def test_triton_one_launch_per_row_group(monkeypatch: pytest.MonkeyPatch, device
     if not TRITON_RUNNABLE:
         pytest.skip("Triton cannot run here")
     monkeypatch.setattr(_scrub_triton, "_MAX_PROGRAMS", 2)
+    monkeypatch.setattr(_scrub_triton, "_ROW_MAX_PROGRAMS", 4)  # rows: 2 x 2 programs
     monkeypatch.setattr(_scrub_triton, "_BLOCK", 16)
     monkeypatch.setattr(_scrub_triton, "_ROW_BLOCK_MAX", 2)  # rows: several blocks per page (4-byte rows: 4 words)
     monkeypatch.setattr(_scrub_triton, "_ROW_BUFFER_PROGRAMS", 2)
