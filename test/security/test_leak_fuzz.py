@@ -10,6 +10,7 @@ from sglang_iso.models import tiny_model_path
 from sglang_iso_testing.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants
 
 from ..e2e.conftest import start_iso_server
+from .oracles import assert_clean_run
 
 pytestmark = pytest.mark.e2e
 
@@ -25,10 +26,6 @@ def test_seeded_multi_tenant_workload_leaks_nothing(tmp_path: Path, seed: int) -
         problems = fuzzer.final_checks()
     finally:
         server.stop()
-    assert report.requests >= 60, report
-    assert not report.leaks, report.leaks
-    assert not report.errors, report.errors
-    assert not problems, problems
-    assert report.same_owner_hits > 0, "positive control: same-owner reuse must happen"
+    assert_clean_run(report, problems, min_requests=60)
     assert report.adapter_hits > 0, "positive control: same-owner, same-adapter reuse must happen"
     assert report.adapter_refusals > 0, report
