@@ -130,11 +130,10 @@ class TenantRadixCache(BasePrefixCache):
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
         """Longest cached prefix of ``params.key`` in the key's own namespace."""
-        key = params.key
-        ns = self._namespace(key)
-        tokens = self.tree_key(key.token_ids[: len(key)]) if not self.disable and ns is not None else None
-        if ns is None or tokens is None or len(tokens) < self.page_size:
+        looked_up = self._lookup(params.key)
+        if looked_up is None:
             return self._miss()
+        ns, tokens = looked_up
         found = self.tree.match(ns, tokens)
         if self.host is not None and self.host.load_back(ns, tokens, found):
             found = self.tree.match(ns, tokens)
@@ -150,10 +149,9 @@ class TenantRadixCache(BasePrefixCache):
         )
 
     def touch_prefix(self, key: RadixKey) -> None:
-        ns = self._namespace(key)
-        tokens = self.tree_key(key.token_ids[: len(key)]) if not self.disable and ns is not None else None
-        if ns is not None and tokens is not None and len(tokens) >= self.page_size:
-            self.tree.match(ns, tokens)
+        looked_up = self._lookup(key)
+        if looked_up is not None:
+            self.tree.match(*looked_up)
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Store ``params.value`` for ``params.key``; the caller frees its duplicates.
@@ -336,6 +334,15 @@ class TenantRadixCache(BasePrefixCache):
         except ValueError as exc:
             logger.warning("sglang-iso: token ids the pair key cannot hold; treated as a miss: %s", exc)
             return None
+
+    def _lookup(self, key: RadixKey) -> tuple[str, Sequence[int]] | None:
+        """(namespace, tree key) of a lookup, or None when it can only miss (cache off, no namespace, under a
+        page, or tokens the pair key cannot hold)."""
+        ns = self._namespace(key)
+        tokens = self.tree_key(key.token_ids[: len(key)]) if ns is not None and not self.disable else None
+        if ns is None or tokens is None or len(tokens) < self.page_size:
+            return None
+        return ns, tokens
 
     def _namespace(self, key: RadixKey) -> str | None:
         ns = self.resolver.resolve_namespace(key.extra_key, key.cache_salt)

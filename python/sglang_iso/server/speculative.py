@@ -27,9 +27,7 @@ COVERED_ALGORITHMS = ("NGRAM", *DRAFT_MODEL_ALGORITHMS)
 
 def uncovered_speculative(algorithm: object) -> str | None:
     """A refusal naming ``--speculative-algorithm`` when it is set and not covered, else None."""
-    if algorithm is None:
-        return None
-    name = str(getattr(algorithm, "name", algorithm)).upper()
+    name = _name(algorithm)
     if name in ("", "NONE") or name in COVERED_ALGORITHMS:
         return None
     covered = ", ".join(COVERED_ALGORITHMS)
@@ -41,4 +39,9 @@ def uncovered_speculative(algorithm: object) -> str | None:
 
 def has_draft_model(algorithm: object) -> bool:
     """True for a covered algorithm that runs a draft model (STANDALONE and the EAGLE family)."""
-    return algorithm is not None and str(getattr(algorithm, "name", algorithm)).upper() in DRAFT_MODEL_ALGORITHMS
+    return _name(algorithm) in DRAFT_MODEL_ALGORITHMS
+
+
+def _name(algorithm: object) -> str:
+    """The upper-case name of a flag value or a ``SpeculativeAlgorithm`` member ("" for None)."""
+    return "" if algorithm is None else str(getattr(algorithm, "name", algorithm)).upper()
