@@ -4,7 +4,7 @@ Server 1 (small device pool, --enable-hierarchical-cache --hicache-storage-backe
 tenant A's prompt is evicted to the host and the files by filler traffic; tenant
 B sends the same prompt (no reuse from device, host or files), then A sends it
 again (positive control: a hit loaded back from the host). Server 2, same
-secret and directory: a third tenant gets nothing, A hits from the files. Server 3, a new
+secret and directory: a tenant that sent nothing gets nothing, A hits from the files. Server 3, a new
 secret, with NGRAM speculative decoding (Triton attention in its interpreter): A no longer hits the old
 files (control: A's fresh prompt hits), and the host tier still serves A only, while drafts are verified.
 A tenant flush drops its host and file pages (files under the old epoch stay unreachable); a tenant's host
@@ -32,7 +32,7 @@ from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
+KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "hooli", "admin")}
 DEVICE_TOKENS = "2048"
 SMALL_QUOTA = 96  # initech's host and L3 caps (tokens)
 SHARED_TEXT = " ".join(f"Clause {i}: answer in full sentences and cite the manual." for i in range(6))
@@ -54,7 +54,7 @@ def prompt(words: int) -> str:
 def write_tenants(d: Path) -> Path:
     (d / "s.key").write_bytes(secrets.token_bytes(32))  # a new secret each call
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
-    for name in ("acme", "globex", "initech"):
+    for name in ("hooli", "acme", "globex", "initech"):
         lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
     lines += [f"host_quota_tokens = {SMALL_QUOTA}", f"l3_quota_tokens = {SMALL_QUOTA}"]  # initech only
     lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', 'tenants = ["acme", "initech"]']
@@ -248,13 +248,14 @@ def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, 
     target, n = str(SHARED["target"]), int(SHARED["n"])
     srv = start(workdir)
     try:
-        # NOTE: a tenant that never sent the target: globex did in server 1, so its own copy may be in the files.
-        assert gen(srv, "initech", target)["cached_tokens"] == 0  # nothing from A's files
+        # NOTE: a tenant that sent nothing to server 1: the others' own files may share a first token with the
+        # target (its nonce), a legitimate one-token hit of their own.
+        assert gen(srv, "hooli", target)["cached_tokens"] == 0  # nothing from A's files
         again = gen(srv, "acme", target)  # positive control: A hits from the files after the restart
         assert again["cached_tokens"] >= n // 2, again
         loaded = wait_for(srv, lambda s: s["acme"].get("l3_loaded_tokens", 0) > 0)
         assert loaded["acme"]["l3_loaded_tokens"] >= n // 2, loaded
-        assert loaded.get("initech", {}).get("l3_loaded_tokens", 0) == 0
+        assert loaded.get("hooli", {}).get("l3_loaded_tokens", 0) == 0
     finally:
         srv.stop()
 
