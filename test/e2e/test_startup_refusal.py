@@ -38,7 +38,7 @@ def test_scheduler_check_refuses_the_default_tree_cache() -> None:
 def test_uncovered_draft_model_speculative_decoding_is_refused_by_name() -> None:
     # With the owner check off the launcher lets it through; the scheduler still refuses FROZEN_KV_MTP (its own worker
     # keeps draft KV the scrubber and the owner check do not cover) before any model loads. NGRAM, STANDALONE
-    # and EAGLE are served: test_speculative.py, test_speculative_draft.py, test_speculative_eagle.py.
+    # and the EAGLE family are served: test_speculative.py, test_speculative_draft.py.
     model = str(tiny_model_path())
     server = start_iso_server(
         "--kv-owner-check", "off", "--attention-backend", "triton", "--speculative-algorithm", "FROZEN_KV_MTP",
