@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import openai
 import pytest
 
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
@@ -243,3 +244,60 @@ def test_prefill_abort_keeps_pages_quarantined_through_a_tenant_flush(
     assert command(prefill, admin, pd_faults.COMMAND + "check_poison")  # none of them was handed out
     status, out = prefill.post("/iso/pd/reclaim", {}, headers=auth(admin))
     assert status == 200 and out["pd"][0]["quarantined_pages"] == 0, out
+
+
+class _Answer(NamedTuple):
+    texts: list[str]
+    cached: int
+    id: str
+
+
+def _ask(router: ServerProcess, key: str, route: str, prompt: str, *, stream: bool = False, **extra: Any) -> _Answer:
+    """One OpenAI SDK call through the PD router: the choices' texts in index order, cached prompt tokens, the id."""
+    client = openai.OpenAI(base_url=router.base_url + "/v1", api_key=key, timeout=CLIENT_TIMEOUT_S, max_retries=0)
+    common: dict[str, Any] = {"model": "default", "max_tokens": 6, "temperature": 0, **extra}
+    if stream:
+        common["stream_options"] = {"include_usage": True}
+    if route == "chat":
+        out: Any = client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt}], stream=stream, **common
+        )
+    else:
+        out = client.completions.create(prompt=prompt, stream=stream, **common)
+    texts: dict[int, str] = {}
+    usage: Any = None
+    ids = set()
+    for chunk in out if stream else [out]:
+        ids.add(chunk.id)
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            piece = (choice.delta.content if stream else choice.message.content) if route == "chat" else choice.text
+            texts[choice.index] = texts.get(choice.index, "") + (piece or "")
+    assert len(ids) == 1, ids  # one response, even when its samples were separate requests
+    details = usage.prompt_tokens_details if usage is not None else None
+    return _Answer([texts[i] for i in sorted(texts)], int(details.cached_tokens or 0) if details else -1, ids.pop())
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_openai_routes_through_the_router_keep_the_tenant_guarantees(
+    pd: dict[str, ServerProcess], keys: dict[str, str], route: str
+) -> None:
+    """Chat and completions, streamed or not, n > 1, with and without a client id, for both tenants."""
+    router, prompt = pd["router"], long_prompt()
+    first = _ask(router, keys["acme"], route, prompt)
+    assert first.cached == 0 and len(first.texts) == 1
+    again = _ask(router, keys["acme"], route, prompt, stream=True)
+    assert again.cached > 0, again  # positive control: acme's own prefill is reused, streamed
+    other = _ask(router, keys["globex"], route, prompt)
+    assert other.cached == 0, other  # isolation: the same text from another tenant misses
+    assert first.texts == again.texts == other.texts  # the KV each decode received is right
+    for tenant, stream in (("acme", False), ("globex", True)):
+        samples = _ask(router, keys[tenant], route, prompt, stream=stream, n=3)
+        assert samples.texts == first.texts * 3 and samples.cached > 0, samples  # greedy: every sample equal
+    field = "rid" if route == "chat" else "request_id"
+    mine = _ask(router, keys["globex"], route, prompt, extra_body={field: "mine-1"})
+    assert mine.texts == first.texts and mine.id.endswith("globex.mine-1"), mine  # the client's id, in its space
+    for role in ("prefill", "decode"):
+        state = pd_state(pd[role], keys["admin"])
+        assert state.get("tag_violations", 0) == 0 and state["transfers_in_flight"] == 0, state
+    assert pd_state(pd["decode"], keys["admin"])["tags_checked"] > 0

@@ -16,7 +16,8 @@ task and sees what the gate records). It is the outermost layer of the app:
   tenant gets a slot from :class:`~sglang_iso.server.admission.Admission` or 429.
   The tenant id is stored in ``scope["state"]``.
 * The PD router's key (``router_key_sha256``) reads worker info and forwards
-  generation for the tenant its request ids name (:mod:`sglang_iso.server.pd_rules`);
+  generation for the tenant its request ids name (in the body, or ``X-Request-ID`` for a
+  body without ids: :mod:`sglang_iso.server.pd_rules`);
   only it may set the ``bootstrap_*`` fields, which a PD worker requires.
 * Every other path (flush, abort, adapters, weights, profiling, internal state,
   /iso/*) needs an admin key (403 for a tenant key): unknown paths fail closed.
@@ -189,6 +190,8 @@ class TenantGate:
             obj = json.loads(body)
         except (ValueError, RecursionError):
             obj = None
+        if isinstance(obj, dict) and pd_rules.router_rid_header(obj, headers.get(pd_rules.REQUEST_ID_HEADER)):
+            body = json.dumps(obj).encode()  # NOTE: a chat body lost its id in sglang-router; the header kept it
         found = pd_rules.router_tenant(obj) if isinstance(obj, dict) else pd_rules.PdRefusal("rid", "missing")
         principal = self.keys.tenant(found) if isinstance(found, str) else None
         if principal is None:

@@ -69,6 +69,46 @@ def test_router_forwards_for_the_tenant_its_rid_names(decode) -> None:  # type: 
     assert forwarded["rid"] == "globex.r1" and forwarded["bootstrap_room"] == 12345  # not prefixed twice
 
 
+CHAT = {"messages": [{"role": "user", "content": "x"}], **BOOT}
+
+
+def test_router_chat_without_body_id_is_named_by_its_request_id_header(decode) -> None:  # type: ignore[no-untyped-def]
+    """sglang-router drops a chat body's ``rid``; the front gate's ``X-Request-ID`` names the tenant instead."""
+    g, seen = decode
+    status, _, scope = call(g, "/v1/chat/completions", CHAT, key=KEYS["router"], x_request_id="globex.c1")
+    assert status == 200 and scope["state"][STATE_TENANT] == "globex"
+    assert json.loads(seen[0]["body"])["rid"] == "globex.c1"  # SGLang serves it under the tenant's id
+    # The body's own id wins over the header: a header cannot move a request into another tenant.
+    body = {**CHAT, "rid": "acme.c2"}
+    status, _, scope = call(g, "/v1/chat/completions", body, key=KEYS["router"], x_request_id="globex.c2")
+    assert status == 200 and scope["state"][STATE_TENANT] == "acme" and json.loads(seen[1]["body"])["rid"] == "acme.c2"
+
+
+@pytest.mark.parametrize("header", ["", "nobody.c1", "no-dot", "acme.\x00" * 80, "g" * 600])
+def test_router_request_id_header_must_name_a_tenant(decode, header: str) -> None:  # type: ignore[no-untyped-def]
+    g, seen = decode
+    status, out, _ = call(g, "/v1/chat/completions", CHAT, key=KEYS["router"], x_request_id=header)
+    assert status == 400 and out["error"]["param"] == "rid", out
+    assert not seen
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {**CHAT, "rid": "acme.n", "n": 2}, "n"),
+        ("/v1/completions", {"prompt": "x", "rid": "acme.n", "n": 3, **BOOT}, "n"),
+        ("/generate", {"text": "x", "rid": "acme.n", "sampling_params": {"n": 2}, **BOOT}, "sampling_params.n"),
+    ],
+)
+def test_parallel_samples_are_refused_on_a_worker(decode, path: str, body: dict[str, Any], field: str) -> None:  # type: ignore[no-untyped-def]
+    """SGLang gives every sample one transfer room: the pair would hang until the router's timeout."""
+    g, seen = decode
+    status, out, _ = call(g, path, body, key=KEYS["router"])
+    assert status == 400 and out["error"]["param"] == field, out
+    assert call(g, path, {**body, "n": 1, "sampling_params": {"n": 1}}, key=KEYS["router"])[0] == 200  # one sample
+    assert len(seen) == 1
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
