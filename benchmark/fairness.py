@@ -20,19 +20,17 @@ Goal: with the defaults, A's p99 under flood <= 3x its idle p99.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import secrets
 import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.flood import Flood, pct, short_body, stream
 from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
 from sglang_iso_testing.progress import Progress
 
@@ -53,36 +51,6 @@ def write_tenants(directory: Path, keys: dict[str, str], limit: int | None) -> P
     return path
 
 
-def stream(port: int, key: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[int, float | None, str | None]:
-    """POST a streaming /generate; (status, seconds to the first token chunk, Retry-After)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
-    t0 = time.perf_counter()
-    try:
-        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-        conn.request("POST", "/generate", json.dumps(body), headers)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            resp.read()
-            return resp.status, None, resp.getheader("retry-after")
-        ttft = None
-        for line in resp:
-            if ttft is None and line.startswith(b"data: {"):
-                ttft = time.perf_counter() - t0
-        return 200, ttft, None
-    finally:
-        conn.close()
-
-
-def short_body() -> dict[str, Any]:
-    text = f"{uuid.uuid4().hex} short question " + " ".join(f"w{i}" for i in range(24))
-    return {"text": text, "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
-
-
-def long_body(tokens: int) -> dict[str, Any]:
-    text = f"{uuid.uuid4().hex} long story " + " ".join(f"s{i}" for i in range(48))
-    return {"text": text, "stream": True, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
-
-
 def measure_a(port: int, key: str, n: int, label: str) -> list[float]:
     out: list[float] = []
     progress = Progress(f"  {label}", n, every_s=10)
@@ -93,44 +61,6 @@ def measure_a(port: int, key: str, n: int, label: str) -> list[float]:
         progress.step()
     progress.finish()
     return out
-
-
-class Flood:
-    """``streams`` threads of B, each re-opening a long stream until stopped."""
-
-    def __init__(self, port: int, key: str, streams: int, tokens: int) -> None:
-        self.stop = threading.Event()
-        self.served = 0
-        self.refused = 0
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._run, args=(port, key, tokens), daemon=True) for _ in range(streams)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, port: int, key: str, tokens: int) -> None:
-        while not self.stop.is_set():
-            status, _, retry_after = stream(port, key, long_body(tokens))
-            with self._lock:
-                if status == 200:
-                    self.served += 1
-                else:
-                    self.refused += 1
-            if status == 429:
-                self.stop.wait(float(retry_after or 1))
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self._threads:
-            t.join(timeout=600)
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_config(config: str, args: argparse.Namespace) -> dict[str, Any]:

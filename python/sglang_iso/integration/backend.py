@@ -84,6 +84,10 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
     cache = TenantRadixCache(ctx.params, resolver, policies)
+    if config is not None:
+        from sglang_iso.integration.fairness import KvShares
+
+        cache.kv_shares = KvShares(config.kv_share_of)
     if scrub_mode() == "on-free" and cache.token_to_kv_pool_allocator is not None:
         from sglang_iso.integration.scrub import KvScrubber
 

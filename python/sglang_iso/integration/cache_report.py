@@ -89,6 +89,13 @@ class CacheReport:
                 row[field] = int(row[field] or 0) + int(value)
             for field, value in (c.host.ns_stats(ns) if c.host is not None else {}).items():
                 row[field] = int(row.get(field) or 0) + value
+        if c.kv_shares is not None:
+            held, retracted = c.kv_shares.held_back, c.kv_shares.retracted_first
+            for owner in {*out, *held, *retracted} - {"open"}:
+                row = out.setdefault(owner, {"namespaces": 0})
+                row["kv_share_permille"] = round(1000 * c.kv_shares.share_of(owner))
+                row["held_back_requests"] = held.get(owner, 0)
+                row["retracted_first_requests"] = retracted.get(owner, 0)
         if c.host is not None:
             for owner, row in out.items():
                 settings = c.policies.get(owner)

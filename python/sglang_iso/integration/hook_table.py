@@ -44,7 +44,7 @@ class Hook(NamedTuple):
 
 
 GROUPS = {
-    "scheduler": "tree cache verification, /iso commands, request guard, fairness",
+    "scheduler": "tree cache verification, /iso commands, request guard, fairness and KV shares",
     "owner-check": "page ownership check before every forward",
     "ngram": "one NGRAM draft corpus per namespace",
     "spec-draft": "draft-model rows sanitized before any draft pass plans attention",
@@ -56,6 +56,7 @@ GROUPS = {
 
 _I = "sglang_iso.integration"
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_BATCH = "sglang.srt.managers.schedule_batch.ScheduleBatch"
 _STATE = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
 _NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 _TM = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
@@ -80,6 +81,9 @@ HOOKS: tuple[Hook, ...] = (
         "scheduler",
         _S,
     ),
+    Hook(f"{_SCHED}._get_new_batch_prefill_raw", _AROUND, f"{_I}.fairness:admit_within_share", "scheduler", _S),
+    Hook(f"{_BATCH}.retract_decode", _AROUND, f"{_I}.fairness:retract_with_shares", "scheduler", _S),
+    Hook(f"{_BATCH}._get_decode_retraction_order", _AFTER, f"{_I}.fairness:retraction_order", "scheduler", _S),
     Hook(
         "sglang.srt.model_executor.model_runner.ModelRunner.forward",
         _BEFORE,

@@ -178,6 +178,22 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "AFTER hook: the waiting queue is interleaved by tenant after SGLang's own ordering",
     ),
     HookedSymbol(
+        "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw",
+        ("self", "prefill_delayer_single_pass", "running_batch"),
+        "AROUND hook: requests over their owner's KV share leave self.waiting_queue for one prefill pass "
+        "(reads max_total_num_tokens, max_running_requests, chunked_req, tree_cache)",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
+        ("self",),
+        "AROUND hook: the batch's tree_cache shares and token_to_kv_pool_allocator.size for the retraction order",
+    ),
+    HookedSymbol(
+        "sglang.srt.managers.schedule_batch:ScheduleBatch._get_decode_retraction_order",
+        ("reqs",),
+        "AFTER hook: requests of owners over their KV share are retracted first",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.scheduler:Scheduler.handle_generate_request",
         ("self", "recv_req"),
         "AROUND hook: a request with unrunnable token ids or an admission error is aborted alone",

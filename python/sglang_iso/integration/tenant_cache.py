@@ -46,6 +46,7 @@ from sglang_iso.cache.pair_keys import pair_key
 from sglang_iso.constants import BACKEND_NAME, CachePolicy
 from sglang_iso.identity.tags import Namespace, NamespaceResolver
 from sglang_iso.integration.cache_report import CacheReport
+from sglang_iso.integration.fairness import KvShares
 from sglang_iso.integration.shared_prefixes import SCOPE as SHARED_SCOPE
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class TenantRadixCache(BasePrefixCache):
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
         self.pd_guard: Any = None  # PdGuard on a prefill/decode worker (set by the factory)
         self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
+        self.kv_shares: KvShares | None = None  # per-owner KV shares with a tenants file (set by the factory)
         self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
         # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies
         # synchronously, so nothing is ever in flight.

@@ -84,6 +84,18 @@ class Validator:
             self.fail(field, f"must be a positive integer, got {got}", section, key)
         return value
 
+    def optional_fraction(
+        self, table: dict[str, object], key: str, field: str, section: Section | None
+    ) -> float | None:
+        """``table[key]`` if present (a number in (0, 1]; booleans are refused), else ``None``."""
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+            got = repr(value) if isinstance(value, int | float) and not isinstance(value, bool) else _toml_type(value)
+            self.fail(field, f"must be a number greater than 0 and at most 1, got {got}", section, key)
+        return float(value)
+
     def string_list(self, table: dict[str, object], key: str, field: str, section: Section | None) -> list[str]:
         """The required array of strings ``table[key]`` (may be empty)."""
         if key not in table:

@@ -78,6 +78,9 @@ AllTenants = Literal["*"]
 ALL_TENANTS: AllTenants = "*"
 """Reader list of a shared prefix that every tenant may use."""
 
+DEFAULT_KV_SHARE = 0.5
+"""``kv_share`` of a tenant that sets none, when the file sets no ``default_kv_share`` and has two owners or more."""
+
 _VALID_POLICIES = ", ".join(f'"{p}"' for p in CACHE_POLICIES)
 
 
@@ -104,6 +107,10 @@ class Tenant:
     ``host_quota_tokens`` in the file, else ``quota_tokens``; ``None`` = no cap but the host's size."""
     l3_quota_tokens: int | None = None
     """Cap on the tenant's (or its group's) tokens in L3 storage (positive); ``None`` = only the overall cap."""
+    kv_share: float | None = None
+    """Largest fraction of the KV pool and of the running batch the tenant's requests in flight may hold, in
+    (0, 1] (``kv_share``); ``None`` = the file's ``default_kv_share``. A group holds the largest share of its
+    members (one namespace owner)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,18 @@ class TenantsConfig:
     """The file this was loaded from."""
     router_key_hashes: frozenset[str] = frozenset()
     """SHA-256 hex digests of the prefill/decode router's keys (``router_key_sha256``; may be empty)."""
+    default_kv_share: float | None = None
+    """``kv_share`` of tenants that set none (``default_kv_share``); ``None`` = 0.5, or 1 when the file has one
+    owner (one tenant or one group): see :meth:`kv_share_of`."""
+
+    def kv_share_of(self, owner: str) -> float:
+        """The KV share of a namespace owner (a tenant id or a group name); the default for an unknown owner."""
+        default = self.default_kv_share
+        if default is None:
+            owners = {t.group or t.id for t in self.tenants.values()}
+            default = 1.0 if len(owners) <= 1 else DEFAULT_KV_SHARE
+        members = [t for t in self.tenants.values() if t.group == owner or (t.group is None and t.id == owner)]
+        return max((t.kv_share if t.kv_share is not None else default for t in members), default=default)
 
     def __repr__(self) -> str:
         # NOTE: redact the secret, because reprs end up in logs and tracebacks.
@@ -157,12 +176,12 @@ class TenantsConfig:
 
 
 _TOP_FIELDS = (
-    "namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "router_key_sha256", "tenants",
-    "shared_prefixes",
+    "namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "router_key_sha256", "default_kv_share",
+    "tenants", "shared_prefixes",
 )  # fmt: skip
 _TENANT_FIELDS = (
     "id", "key_sha256", "quota_tokens", "host_quota_tokens", "l3_quota_tokens", "cache", "max_concurrent_requests",
-    "adapters",
+    "kv_share", "adapters",
 )  # fmt: skip
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
@@ -213,7 +232,13 @@ def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) ->
         prefixes.append(prefix)
     secret = _secret(v, data, environ)
     return TenantsConfig(
-        secret, frozenset(admin_hashes), tenants, tuple(prefixes), v.source, router_key_hashes=frozenset(router_hashes)
+        secret,
+        frozenset(admin_hashes),
+        tenants,
+        tuple(prefixes),
+        v.source,
+        router_key_hashes=frozenset(router_hashes),
+        default_kv_share=v.optional_fraction(data, "default_kv_share", "default_kv_share", None),
     )
 
 
@@ -229,6 +254,7 @@ def _tenant(
     host_quota = v.optional_positive_int(table, "host_quota_tokens", f"{field}.host_quota_tokens", section)
     l3_quota = v.optional_positive_int(table, "l3_quota_tokens", f"{field}.l3_quota_tokens", section)
     concurrency = v.optional_positive_int(table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section)
+    kv_share = v.optional_fraction(table, "kv_share", f"{field}.kv_share", section)
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
@@ -255,6 +281,7 @@ def _tenant(
         adapters,
         host_quota_tokens=host_quota if host_quota is not None else quota,
         l3_quota_tokens=l3_quota,
+        kv_share=kv_share,
     )
 
 

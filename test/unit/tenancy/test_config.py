@@ -453,3 +453,33 @@ def test_adapter_errors_name_field_and_line(
     error = load_error(path)
     assert (error.field, error.line) == (field, line), str(error)
     assert reason in error.reason, str(error)
+
+
+# --- KV shares ---------------------------------------------------------------------------------------------------
+
+
+def test_kv_share_defaults_leave_room_for_other_tenants(write_tenants: WriteTenants) -> None:
+    two = ONE_TENANT + f'\n[[tenants]]\nid = "globex"\nkey_sha256 = ["{GLOBEX_HASH}"]\nkv_share = 0.25\n'
+    config = load_tenants_file(write_tenants(two))
+    assert config.kv_share_of("acme") == 0.5 and config.kv_share_of("globex") == 0.25
+    assert config.kv_share_of("nobody") == 0.5  # an owner the file does not name gets the default
+    assert load_tenants_file(write_tenants(ONE_TENANT)).kv_share_of("acme") == 1.0  # no other tenant to leave room for
+    explicit = load_tenants_file(write_tenants(two, header=HEADER + "default_kv_share = 0.3\n"))
+    assert explicit.kv_share_of("acme") == 0.3 and explicit.kv_share_of("globex") == 0.25
+
+
+def test_group_holds_the_largest_share_of_its_members(write_tenants: WriteTenants) -> None:
+    body = (
+        f'\n[[tenants]]\nid = "acme"\nkey_sha256 = ["{ACME_HASH}"]\ncache = "group:team"\nkv_share = 0.2\n'
+        f'\n[[tenants]]\nid = "globex"\nkey_sha256 = ["{GLOBEX_HASH}"]\ncache = "group:team"\nkv_share = 0.4\n'
+    )
+    config = load_tenants_file(write_tenants(body))
+    assert config.kv_share_of("team") == 0.4 and config.kv_share_of("acme") == 1.0  # "acme" owns no namespace
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1", "true", '"half"'])
+def test_bad_kv_share_is_an_error_naming_the_field(write_tenants: WriteTenants, value: str) -> None:
+    error = load_error(write_tenants(ONE_TENANT + f"kv_share = {value}\n"))
+    assert error.field == "tenants[0].kv_share" and "at most 1" in str(error)
+    error = load_error(write_tenants(ONE_TENANT, header=HEADER + f"default_kv_share = {value}\n"))
+    assert error.field == "default_kv_share"

@@ -30,6 +30,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                 "quota_tokens": tenant.quota_tokens,
                 "host_quota_tokens": tenant.host_quota_tokens,
                 "l3_quota_tokens": tenant.l3_quota_tokens,
+                "kv_share": config.kv_share_of(owner),
                 "ranks": [rank.get(owner, {}) for rank in per_rank],
             }
         # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
