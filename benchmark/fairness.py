@@ -3,17 +3,23 @@
 Usage::
 
     python benchmark/fairness.py [--requests 30] [--running 8] [--flood-factor 4] [--flood-tokens 512]
+                                 [--long-streams 40] [--long-tokens 7000]
 
-One sglang-iso server per configuration, one at a time, with ``--max-running-requests RUNNING``:
+One sglang-iso server per configuration, one at a time, each with ``--max-total-tokens 65536``:
 
-* ``defaults``: no per-tenant limit in the tenants file (the default is half the running slots);
-* ``no limits``: both tenants with a limit far above the flood (admission control effectively off; the
-  scheduler's per-tenant interleaving of the waiting queue still applies).
+* ``defaults``: ``--max-running-requests RUNNING``, no per-tenant limit in the tenants file (the request cap is
+  half the running slots, the KV share half the pool);
+* ``no limits``: the same server, both tenants with a request cap far above the flood and ``kv_share = 1``
+  (admission control effectively off; the scheduler's per-tenant interleaving of the waiting queue still applies);
+* ``long outputs``: the starvation report's flood: no running-requests flag (SGLang derives it, the request cap is
+  32), B opens ``--long-streams`` streams of ``--long-tokens`` tokens each (SGLang reserves KV for their whole
+  output), default limits.
 
 For each, A's time to first token (streamed ``/generate``, 8 new tokens) is measured ``--requests`` times on an
-idle server, then again while B keeps ``flood-factor x running`` long streams open (``ignore_eos``, re-opened when
-they end or after a 429's ``Retry-After``). Prints a table (A's TTFT p50/p99 idle vs flood and their ratio, B's
-streams served and refused) and writes ``benchmark/fairness.png`` and ``benchmark/fairness.json``.
+idle server, then again while B keeps its long streams open (``flood-factor x running`` of ``flood-tokens``
+tokens for the first two; ``ignore_eos``, re-opened when they end or after a 429's ``Retry-After``). Prints a
+table (A's TTFT p50/p99 idle vs flood and their ratio, B's streams served and refused) and writes
+``benchmark/fairness.png`` and ``benchmark/fairness.json``.
 Goal: with the defaults, A's p99 under flood <= 3x its idle p99.
 """
 
@@ -35,7 +41,7 @@ from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
 from sglang_iso_testing.progress import Progress
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("defaults", "no limits")
+CONFIGS = ("defaults", "no limits", "long outputs")
 
 
 def write_tenants(directory: Path, keys: dict[str, str], limit: int | None) -> Path:
@@ -44,7 +50,7 @@ def write_tenants(directory: Path, keys: dict[str, str], limit: int | None) -> P
     for tenant in ("alpha", "beta"):
         lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]']
         if limit is not None:
-            lines.append(f"max_concurrent_requests = {limit}")
+            lines += [f"max_concurrent_requests = {limit}", "kv_share = 1"]
         lines.append("")
     path = directory / "tenants.toml"
     path.write_text("\n".join(lines))
@@ -69,20 +75,23 @@ def run_config(config: str, args: argparse.Namespace) -> dict[str, Any]:
         limit = None if config == "defaults" else 100_000
         tenants = write_tenants(Path(tmp), keys, limit)
         port = free_port()
+        running = () if config == "long outputs" else ("--max-running-requests", str(args.running))
         argv = iso_server_argv(
-            port, tiny_model_path(), "--tenants-file", str(tenants), "--max-total-tokens", "65536",
-            "--max-running-requests", str(args.running),
-        )  # fmt: skip
+            port, tiny_model_path(), "--tenants-file", str(tenants), "--max-total-tokens", "65536", *running
+        )
+        streams, tokens = args.flood_factor * args.running, args.flood_tokens
+        if config == "long outputs":
+            streams, tokens = args.long_streams, args.long_tokens
         with ServerProcess(argv, port).start(timeout_s=600):
             print(f"[{config}] server up; warm-up", flush=True)
             measure_a(port, keys["alpha"], 3, "warm-up")
             idle = measure_a(port, keys["alpha"], args.requests, f"[{config}] A idle")
-            flood = Flood(port, keys["beta"], args.flood_factor * args.running, args.flood_tokens)
+            flood = Flood(port, keys["beta"], streams, tokens)
             time.sleep(args.flood_ramp_s)
             try:
                 loaded = measure_a(port, keys["alpha"], args.requests, f"[{config}] A under flood")
             finally:
-                flood.close()
+                flood.close(timeout_s=120)
     return {
         "config": config,
         "idle_p50_ms": 1000 * pct(idle, 0.5),
@@ -105,6 +114,8 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=8, help="--max-running-requests of the server")
     parser.add_argument("--flood-factor", type=int, default=4, help="B's streams = factor x running slots")
     parser.add_argument("--flood-tokens", type=int, default=512, help="tokens per B stream")
+    parser.add_argument("--long-streams", type=int, default=40, help="B's streams in the long-outputs row")
+    parser.add_argument("--long-tokens", type=int, default=7000, help="tokens per B stream in the long-outputs row")
     parser.add_argument("--flood-ramp-s", type=float, default=5.0, help="seconds between flood start and A")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     parser.add_argument("--out", type=Path, default=HERE / "fairness", help="output path stem (.json, .png)")
@@ -114,7 +125,10 @@ def main() -> None:
         f"{'config':<10} {'idle p50':>9} {'idle p99':>9} {'flood p50':>10} {'flood p99':>10} {'p99 x':>6} "
         f"{'B served':>9} {'B 429':>6}"
     )
-    print("\nA's TTFT (ms), B flooding with", args.flood_factor * args.running, "long streams")
+    print(
+        f"\nA's TTFT (ms), B flooding with {args.flood_factor * args.running} streams of {args.flood_tokens} tokens"
+        f" ({args.long_streams} of {args.long_tokens} in the long-outputs row)"
+    )
     print(header)
     for r in results:
         print(
