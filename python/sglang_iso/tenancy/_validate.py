@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn
 
@@ -76,25 +76,34 @@ class Validator:
         self, table: dict[str, object], key: str, field: str, section: Section | None
     ) -> int | None:
         """``table[key]`` if present (must be an integer > 0; booleans are refused), else ``None``."""
-        if key not in table:
-            return None
-        value = table[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            got = repr(value) if isinstance(value, int | float) and not isinstance(value, bool) else _toml_type(value)
-            self.fail(field, f"must be a positive integer, got {got}", section, key)
-        return value
+        value = self._optional_number(table, key, field, section, "a positive integer", lambda v: isinstance(v, int))
+        return value if isinstance(value, int) and value > 0 else None
 
     def optional_fraction(
         self, table: dict[str, object], key: str, field: str, section: Section | None
     ) -> float | None:
         """``table[key]`` if present (a number in (0, 1]; booleans are refused), else ``None``."""
+        rule = "a number greater than 0 and at most 1"
+        value = self._optional_number(table, key, field, section, rule, lambda v: v <= 1)
+        return float(value) if value is not None else None
+
+    def _optional_number(
+        self,
+        table: dict[str, object],
+        key: str,
+        field: str,
+        section: Section | None,
+        rule: str,
+        ok: Callable[[int | float], bool],
+    ) -> int | float | None:
+        """``table[key]`` if present: a number > 0 (not a boolean) for which ``ok`` holds; else fail saying ``rule``."""
         if key not in table:
             return None
         value = table[key]
-        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 1:
+        if not isinstance(value, int | float) or isinstance(value, bool) or not (value > 0 and ok(value)):
             got = repr(value) if isinstance(value, int | float) and not isinstance(value, bool) else _toml_type(value)
-            self.fail(field, f"must be a number greater than 0 and at most 1, got {got}", section, key)
-        return float(value)
+            self.fail(field, f"must be {rule}, got {got}", section, key)
+        return value
 
     def string_list(self, table: dict[str, object], key: str, field: str, section: Section | None) -> list[str]:
         """The required array of strings ``table[key]`` (may be empty)."""
