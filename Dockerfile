@@ -41,6 +41,7 @@ RUN python -m pip install --no-deps --extra-index-url "${TORCH_INDEX_URL}" -r "$
 
 COPY pyproject.toml README.md ./
 COPY python/ python/
+COPY sgl-kernel-patches/ sgl-kernel-patches/
 COPY scripts/ scripts/
 RUN python -m pip install --no-deps -e . \
  && python -m sglang_iso.cli cpu-hook install \
@@ -51,6 +52,7 @@ names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
 assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
 import sglang  # noqa: F401
 import sglang.srt.mem_cache.registry  # noqa: F401
+import sglang_iso_kernels  # noqa: F401  (scrub and owner-check kernels; pyproject maps them to sgl-kernel-patches/)
 print("sglang-iso installed")
 PY
 
