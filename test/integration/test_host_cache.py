@@ -16,7 +16,8 @@ import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.radix_cache import RadixKey
 
-from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens, uncovered_hicache_features
+from sglang_iso import coverage
+from sglang_iso.integration.host_cache import HostCache, host_capacity_tokens
 from test.integration.test_scrub import LAYERS, make
 
 
@@ -132,8 +133,11 @@ def test_sizing_and_refusals() -> None:
     assert host_capacity_tokens(Args(), 1000, 64) == 2000
     Args.hicache_size = 1
     assert host_capacity_tokens(Args(), 1000, 1024) == (1 << 30) // 1024
-    refused = uncovered_hicache_features(Args())
-    assert len(refused) == 1 and "--hicache-storage-backend file" in refused[0]
+    features = coverage.Features.from_server_args(
+        Args(), kv_owner_check=True, tenants_file=True, hierarchical_cache=True
+    )
+    refused = coverage.refusals(features)
+    assert len(refused) == 1 and "--hicache-storage-backend file reaching SGLang" in refused[0].message
 
 
 def test_tenant_quota_caps_its_host_residency_too() -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sglang_iso import envvars
+from sglang_iso import coverage, envvars
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table
 from sglang_iso.integration.frontend import tenants_config
-from sglang_iso.integration.owner_check import owner_check_mode, uncovered_features
+from sglang_iso.integration.owner_check import owner_check_mode
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
-from sglang_iso.server.speculative import has_draft_model, uncovered_speculative
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -47,32 +46,25 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     Raises:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
-        UnsupportedConfigError: hybrid (SWA/Mamba) models, speculative decoding with a draft model or
-            hierarchical-cache features (L3 storage backends other than file), which the tenant tree does not cover.
+        UnsupportedConfigError: a feature the coverage table refuses at the scheduler
+            (:mod:`sglang_iso.coverage`: hybrid SWA/Mamba models, uncovered speculative or HiCache setups,
+            owner-check gaps, PD without a tenants file).
     """
     missing = hook_table.missing(required=hook_table.Required.SCHEDULER)
     if missing:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
-    unsupported = {
-        "hybrid SWA model": ctx.is_hybrid_swa,
-        "hybrid SSM/Mamba model": ctx.is_hybrid_ssm,
-    }
-    algorithm = getattr(ctx.server_args, "speculative_algorithm", None)
-    found = [name for name, on in unsupported.items() if on]
-    spec = uncovered_speculative(algorithm)
-    if spec is not None:
-        found.append(spec)
-    if ctx.enable_hierarchical_cache and has_draft_model(algorithm):
-        found.append(
-            f"--speculative-algorithm {algorithm} with --enable-hierarchical-cache (no draft KV in the host tier)"
-        )
-    if ctx.enable_hierarchical_cache:
-        from sglang_iso.integration.host_cache import uncovered_hicache_features
-
-        found += uncovered_hicache_features(ctx.server_args)
-    if found:
-        raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {', '.join(found)}")
     config = tenants_config()
+    features = coverage.Features.from_server_args(
+        ctx.server_args,
+        kv_owner_check=owner_check_mode() == "on" and not bool(getattr(ctx.params, "disable", False)),
+        tenants_file=config is not None,
+        hierarchical_cache=bool(ctx.enable_hierarchical_cache),
+        hybrid_swa=bool(ctx.is_hybrid_swa),
+        hybrid_ssm=bool(ctx.is_hybrid_ssm),
+    )
+    refused = coverage.refusals(features)
+    if refused:
+        raise UnsupportedConfigError(f"sglang-iso: {coverage.explain(refused)}")
     policies: dict[str, TenantPolicy] = {}
     if config is not None:
         for tenant in config.tenants.values():
@@ -96,12 +88,6 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
         _attach_host_tier(cache, ctx, config.secret if config is not None else None)
     if owner_check_mode() == "on" and not cache.disable:
-        uncovered = uncovered_features(ctx.server_args)
-        if uncovered:
-            raise UnsupportedConfigError(
-                f"sglang-iso: --kv-owner-check on does not cover {'; '.join(uncovered)}; "
-                "drop the feature or pass --kv-owner-check off"
-            )
         from sglang_iso.integration import owner_check
 
         cache.owners = owner_check.OwnerTable(cache).install()

@@ -32,20 +32,22 @@ def tree_cache_status(tree_cache: object) -> dict[str, Any]:
 
 
 def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any, **_kwargs: Any) -> None:
-    """BEFORE ``Scheduler.__init__``: refuse an uncovered speculative algorithm before any model loads (a draft
-    model of the wrong kind may fail to load before the tree cache factory could name the flag).
+    """BEFORE ``Scheduler.__init__``: refuse what the coverage table's tree rows refuse from ``ServerArgs`` alone
+    (an uncovered speculative algorithm, a draft model with the host tier, ...) before any model loads: a draft
+    model of the wrong kind may fail to load before the tree cache factory could name the flag.
 
     Raises:
-        UnsupportedConfigError: the tenant tree is selected with an algorithm ``server/speculative.py`` refuses.
+        UnsupportedConfigError: the tenant tree is selected with a feature :mod:`sglang_iso.coverage` refuses.
     """
     if os.environ.get(REQUIRE_ENV) != "1" and getattr(server_args, "radix_cache_backend", None) != "tenant":
         return
+    from sglang_iso import coverage
     from sglang_iso.integration.backend import UnsupportedConfigError
-    from sglang_iso.server.speculative import uncovered_speculative
 
-    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
-    if spec is not None:
-        raise UnsupportedConfigError(f"sglang-iso: the tenant tree cache does not support {spec}")
+    features = coverage.Features.from_server_args(server_args, kv_owner_check=False, tenants_file=True)
+    refused = coverage.refusals(features, group="tree")
+    if refused:
+        raise UnsupportedConfigError(f"sglang-iso: {coverage.explain(refused)}")
 
 
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:

@@ -29,7 +29,7 @@ L3 (:mod:`sglang_iso.integration.l3_store`): with ``--hicache-storage-backend
 file`` (taken over by the launcher, see :mod:`sglang_iso.server.hicache_args`)
 every page evicted from the device is also written to a page file (unless one
 exists) named by a secret-keyed MAC; a match continues host pages with file pages of the same
-namespace. Not covered (refused at start, see :func:`uncovered_hicache_features`):
+namespace. Not covered (refused at start: the tree rows of :mod:`sglang_iso.coverage`):
 SGLang's own storage backends, host memory mode ``buffer_only``.
 
 Operator-shared prefixes spill too: the declared prefix under its own
@@ -74,20 +74,6 @@ def l3_owner_of(resolver: Any) -> Callable[[str], str]:
         return SHARED_L3_OWNER if namespace.kind == "shared" else namespace.owner
 
     return owner
-
-
-def uncovered_hicache_features(server_args: Any) -> list[str]:
-    """HiCache settings the tenant cache's tiers do not implement; the server refuses to start with any."""
-    found = []
-    backend = getattr(server_args, "hicache_storage_backend", None)
-    if backend:
-        found.append(
-            f"--hicache-storage-backend {backend} reaching SGLang (its storage backends key pages by client "
-            "fields; sglang-iso's launcher serves 'file' with its own namespaced, secret-keyed store)"
-        )
-    if getattr(server_args, "hicache_host_memory_mode", None) == "buffer_only":
-        found.append("--hicache-host-memory-mode buffer_only")
-    return found
 
 
 def host_capacity_tokens(server_args: Any, device_tokens: int, bytes_per_token: int) -> int:

@@ -28,7 +28,7 @@ tokens and the drafts' window after them (the drafts' pages are adopted). Draft
 passes of a draft model (STANDALONE) plan attention before their forward, so
 their rows are sanitized earlier, at the speculative worker's entry, through
 :meth:`OwnerTable.check_window` (``integration/spec_draft.py``). Not covered
-(refused at start, see :func:`uncovered_features`): other draft-model algorithms
+(refused at start: the owner-check rows of :mod:`sglang_iso.coverage`): other draft-model algorithms
 and diffusion LLM decoding plan attention metadata outside the checked points;
 PD decode workers fill pages by transfer, which no forward adopts.
 """
@@ -56,22 +56,6 @@ _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
 ACTIVE: OwnerTable | None = None  # this scheduler process's table (set by the factory)
-
-
-def uncovered_features(server_args: Any) -> list[str]:
-    """Server features the owner check does not cover; the server refuses to start with any of them."""
-    found = []
-    from sglang_iso.server.speculative import uncovered_speculative
-
-    spec = uncovered_speculative(getattr(server_args, "speculative_algorithm", None))
-    if spec:
-        found.append(spec)
-    dllm = getattr(server_args, "dllm_algorithm", None)
-    if dllm:
-        found.append(f"--dllm-algorithm {dllm} (plans attention outside the checked forward)")
-    if str(getattr(server_args, "disaggregation_mode", "null")) == "decode":
-        found.append("--disaggregation-mode decode (transferred KV pages have no owner)")
-    return found
 
 
 def check_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:

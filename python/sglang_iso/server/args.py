@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from sglang_iso import coverage
 from sglang_iso.constants import BACKEND_NAME as TENANT_BACKEND
 from sglang_iso.server.argv import flag_value, has_flag
 
@@ -113,24 +114,24 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     """Split ``argv`` into our flags and SGLang's, and add the defaults.
 
     Raises:
-        ValueError: ``--radix-cache-backend`` names another backend (sglang-iso
-            never serves with a tree cache that is not the tenant cache), or a
-            flag or environment variable would bypass the tenant gate.
+        ValueError: a feature the coverage table refuses (:mod:`sglang_iso.coverage`: another
+            ``--radix-cache-backend``, a flag or environment variable that would bypass the tenant gate,
+            an uncovered PD, HiCache or speculative setup), or ``--iso-l3-max-gb`` without L3.
     """
     ours, rest = iso_parser().parse_known_args(list(argv))
     sglang_argv = list(rest)
     added: list[str] = []
     env_added: list[tuple[str, str]] = []
+    features = coverage.Features.from_argv(
+        sglang_argv, env or {}, kv_owner_check=ours.kv_owner_check == "on", tenants_file=ours.tenants_file is not None
+    )
+    refused = coverage.refusals(features)
+    if refused:
+        raise ValueError(coverage.explain(refused))
 
-    backend = flag_value(sglang_argv, "--radix-cache-backend")
-    if backend is None:
+    if flag_value(sglang_argv, "--radix-cache-backend") is None:
         sglang_argv += ["--radix-cache-backend", TENANT_BACKEND]
         added += ["--radix-cache-backend", TENANT_BACKEND]
-    elif backend != TENANT_BACKEND:
-        raise ValueError(
-            f"--radix-cache-backend {backend!r} is not allowed: sglang-iso serves only with "
-            f"{TENANT_BACKEND!r}. Use `python -m sglang.launch_server` for an unhardened server."
-        )
 
     if ours.iso_cpu_defaults == "auto" and not cuda_available:
         lora_on = has_flag(sglang_argv, "--enable-lora") or has_flag(sglang_argv, "--lora-paths")
@@ -146,7 +147,6 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         sglang_argv += pool
         added += pool
         env_added += _cpu_bind_default(sglang_argv, env or {})
-    _refuse_uncovered(sglang_argv)
     from sglang_iso.server.pd_args import pd_defaults
 
     pd_added = pd_defaults(sglang_argv, cuda_available=cuda_available)
@@ -163,16 +163,10 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     )
     added += hicache_added
     env_added += hicache_env
-    if ours.kv_owner_check == "on":
-        _refuse_owner_check_gaps(sglang_argv)
-    if ours.tenants_file is None and flag_value(sglang_argv, "--disaggregation-mode") not in (None, "null"):
-        raise ValueError("--disaggregation-mode needs --tenants-file: its namespace secret keys the transfer tag")
-    if ours.tenants_file is not None:
-        _refuse_bypasses(sglang_argv, env or {})
-        if not has_flag(sglang_argv, "--skip-server-warmup"):
-            # NOTE: SGLang's warmup requests carry no tenant key, so the gate would refuse them.
-            sglang_argv.append("--skip-server-warmup")
-            added.append("--skip-server-warmup")
+    if ours.tenants_file is not None and not has_flag(sglang_argv, "--skip-server-warmup"):
+        # NOTE: SGLang's warmup requests carry no tenant key, so the gate would refuse them.
+        sglang_argv.append("--skip-server-warmup")
+        added.append("--skip-server-warmup")
     return LaunchPlan(
         sglang_argv=sglang_argv,
         added=added,
@@ -184,34 +178,6 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         metrics_auth=ours.iso_metrics_auth,
         env_added=tuple(env_added),
     )
-
-
-# Flags whose requests skip the tenant gate or the tokenizer manager's tagging.
-_BYPASS_FLAGS: dict[str, str] = {
-    "--grpc-port": "the native gRPC front end skips the HTTP tenant gate",
-    "--smg-grpc-mode": "the gRPC front end skips the HTTP tenant gate",
-    "--grpc-mode": "the gRPC front end skips the HTTP tenant gate",
-    "--api-key": "tenant keys replace the shared API key",
-    "--admin-api-key": "admin keys are listed in the tenants file (admin_key_sha256)",
-}
-_BYPASS_ENV: dict[str, str] = {
-    "SGLANG_RUST_SERVER": "the Rust front end skips the tokenizer manager",
-    "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "header overrides let clients change scheduling fields",
-    "SGLANG_ENABLE_REQUEST_DECOMPRESSION": "bodies decompressed after the tenant gate would reach SGLang unchecked",
-    "SGLANG_DISAGG_STAGING_BUFFER": "PD staging buffers hold transferred KV outside the quarantined pages",
-}
-
-
-def _refuse_bypasses(argv: Sequence[str], env: dict[str, str]) -> None:
-    for flag, why in _BYPASS_FLAGS.items():
-        if has_flag(argv, flag):
-            raise ValueError(f"{flag} cannot be used with --tenants-file: {why}")
-    workers = flag_value(argv, "--tokenizer-worker-num")
-    if workers is not None and workers != "1":
-        raise ValueError("--tokenizer-worker-num must be 1 with --tenants-file: other workers skip the tenant gate")
-    for name, why in _BYPASS_ENV.items():
-        if env.get(name, "").lower() in ("1", "true", "yes"):
-            raise ValueError(f"environment variable {name} cannot be set with --tenants-file: {why}")
 
 
 def _cpu_bind_default(argv: Sequence[str], env: dict[str, str]) -> list[tuple[str, str]]:
@@ -230,26 +196,3 @@ def _l3_max_gb(text: str) -> float:
     from sglang_iso.server.hicache_args import l3_max_gb
 
     return l3_max_gb(text)
-
-
-def _refuse_uncovered(argv: Sequence[str]) -> None:
-    """Features sglang-iso does not harden are refused by name, whatever the other flags."""
-    from sglang_iso.server.pd_args import refuse_uncovered_pd
-
-    refuse_uncovered_pd(argv)
-
-
-def _refuse_owner_check_gaps(argv: Sequence[str]) -> None:
-    from types import SimpleNamespace
-
-    from sglang_iso.integration.owner_check import uncovered_features
-
-    found = uncovered_features(
-        SimpleNamespace(
-            speculative_algorithm=flag_value(argv, "--speculative-algorithm"),
-            dllm_algorithm=flag_value(argv, "--dllm-algorithm"),
-            disaggregation_mode=flag_value(argv, "--disaggregation-mode"),
-        )
-    )
-    if found:
-        raise ValueError(f"--kv-owner-check on does not cover {'; '.join(found)}; drop it or pass --kv-owner-check off")

@@ -6,7 +6,7 @@ never run: ``--hicache-storage-backend file`` is taken out of SGLang's
 arguments and handed to the scheduler as :data:`L3_DIR_ENV` (the directory:
 upstream's ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``, else ``/tmp/hicache``).
 Other backends are refused, and so is L3 without ``--tenants-file`` (its
-namespace secret keys the store). ``--iso-l3-max-gb`` (default 64) caps the
+namespace secret keys the store): rows of :mod:`sglang_iso.coverage`. ``--iso-l3-max-gb`` (default 64) caps the
 store's page files; the oldest go first (:mod:`sglang_iso.integration.l3_store`).
 """
 
@@ -62,9 +62,10 @@ def plan_hicache(
 ) -> tuple[list[str], list[str], list[tuple[str, str]]]:
     """Returns (SGLang argv, flags added, environment added). ``max_gb``: ``--iso-l3-max-gb`` if given.
 
+    The storage setups it does not serve were refused before, by the coverage table (:mod:`sglang_iso.coverage`).
+
     Raises:
-        ValueError: a storage backend other than ``file``, L3 without ``--enable-hierarchical-cache`` or
-            without ``--tenants-file``, ``--iso-l3-max-gb`` without L3.
+        ValueError: ``--iso-l3-max-gb`` without L3.
     """
     out = list(argv)
     added: list[str] = []
@@ -72,15 +73,7 @@ def plan_hicache(
     enabled = has_flag(out, "--enable-hierarchical-cache")
     backend = flag_value(out, STORAGE_FLAG)
     if backend is not None:
-        if not enabled:
-            raise ValueError(f"{STORAGE_FLAG} needs --enable-hierarchical-cache")
-        if backend != "file":
-            raise ValueError(
-                f"{STORAGE_FLAG} {backend!r} is not supported by sglang-iso: only 'file' (a namespaced, "
-                "secret-keyed page store); Mooncake, 3FS, NIXL and the others key pages by client fields"
-            )
-        if tenants_file is None:
-            raise ValueError(f"{STORAGE_FLAG} file needs --tenants-file: its namespace secret keys the store")
+        # NOTE: the coverage table refused every other backend, and file without HiCache or a tenants file.
         out = without_flag(out, STORAGE_FLAG)
         directory = env.get(UPSTREAM_DIR_ENV) or DEFAULT_DIR
         env_added.append((L3_DIR_ENV, str(Path(directory).resolve())))

@@ -66,7 +66,7 @@ def test_l3_cap_without_l3_is_refused() -> None:
 )
 def test_refusals_name_the_flag(argv: list[str], tenants: str | None, message: str) -> None:
     with pytest.raises(ValueError, match=message) as err:
-        plan_hicache(argv, cuda_available=True, tenants_file=tenants, env={})
+        plan_launch([*argv, *(["--tenants-file", tenants] if tenants else [])], cuda_available=True, env={})
     assert "--hicache-storage-backend" in str(err.value)
 
 

@@ -1,0 +1,434 @@
+"""What sglang-iso refuses at start, as one table: features in, refusals out (pure: no torch, no SGLang import).
+
+A feature sglang-iso does not harden is refused by name before the server serves,
+never served unhardened. :class:`Features` says what a server would run with; it is
+read twice, from two sources of the same facts:
+
+* the launcher (``server/args.py``) reads it from the command line, before SGLang
+  starts (``stage="launch"``);
+* the scheduler's cache factory and its ``Scheduler.__init__`` hook read it from
+  SGLang's ``ServerArgs`` and the loaded model (``stage="scheduler"``), so a server
+  started without the launcher (``--radix-cache-backend tenant`` on plain SGLang) is
+  refused as well.
+
+Each :class:`Row` is one refused feature; its ``feature`` is the name the README's
+coverage table gives it (``test/unit/test_coverage.py`` binds the two). A row's
+check returns the message fragment that names the flag, or None. Rows of a
+``group`` are reported together:
+
+* ``"launch"``: argv policy, reported one at a time (the message is a sentence);
+* ``"tree"``: ``the tenant tree cache does not support <fragments>``;
+* ``"owner-check"``: ``--kv-owner-check on does not cover <fragments>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from sglang_iso.constants import BACKEND_NAME
+from sglang_iso.server.argv import flag_value, has_flag
+from sglang_iso.server.speculative import COVERED_ALGORITHMS, has_draft_model, uncovered_speculative
+
+Stage = Literal["launch", "scheduler"]
+Group = Literal["launch", "tree", "owner-check"]
+
+PD_COVERED_BACKENDS: dict[str, tuple[str, ...]] = {
+    "prefill": ("mooncake", "mooncake_tcp"),
+    "decode": ("mooncake", "mooncake_tcp"),
+}
+"""Disaggregation mode -> the transfer backends whose drain signals the quarantine reads."""
+UNCOVERED_PD_FLAGS: dict[str, str] = {
+    "--disaggregation-decode-enable-radix-cache": "a decode radix cache keeps transferred pages in a shared tree",
+    "--disaggregation-decode-enable-offload-kvcache": "decode KV offload copies transferred pages off the device",
+    "--enable-pd-role-switch": "role switching rebuilds transfer state the quarantine tracks",
+}
+"""PD switches whose KV lives outside the quarantined device pages: flag -> why."""
+BYPASS_FLAGS: dict[str, str] = {
+    "--grpc-port": "the native gRPC front end skips the HTTP tenant gate",
+    "--smg-grpc-mode": "the gRPC front end skips the HTTP tenant gate",
+    "--grpc-mode": "the gRPC front end skips the HTTP tenant gate",
+    "--api-key": "tenant keys replace the shared API key",
+    "--admin-api-key": "admin keys are listed in the tenants file (admin_key_sha256)",
+}
+"""Flags whose requests skip the tenant gate or the tokenizer manager's tagging (refused with a tenants file)."""
+BYPASS_ENV: dict[str, str] = {
+    "SGLANG_RUST_SERVER": "the Rust front end skips the tokenizer manager",
+    "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES": "header overrides let clients change scheduling fields",
+    "SGLANG_ENABLE_REQUEST_DECOMPRESSION": "bodies decompressed after the tenant gate would reach SGLang unchecked",
+    "SGLANG_DISAGG_STAGING_BUFFER": "PD staging buffers hold transferred KV outside the quarantined pages",
+}
+"""Environment switches refused with a tenants file (set to 1, true or yes): name -> why."""
+STORAGE_FLAG = "--hicache-storage-backend"
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a server would run with, as far as coverage goes. Immutable; build it with a ``from_*`` method."""
+
+    stage: Stage
+    """Where it was read: the launcher's command line, or the scheduler's ``ServerArgs``."""
+    radix_cache_backend: str | None = None
+    """``--radix-cache-backend`` as given (None: not given)."""
+    speculative_algorithm: str | None = None
+    """``--speculative-algorithm`` as given (None: off)."""
+    dllm_algorithm: str | None = None
+    """``--dllm-algorithm`` (None: off)."""
+    disaggregation_mode: str | None = None
+    """``--disaggregation-mode`` (None: not disaggregated; SGLang's ``"null"`` reads as None)."""
+    transfer_backend: str = "mooncake"
+    """``--disaggregation-transfer-backend`` (SGLang's default when not given)."""
+    pd_flags: frozenset[str] = frozenset()
+    """The :data:`UNCOVERED_PD_FLAGS` that are on."""
+    decode_retraction_backup: str | None = None
+    """``--disaggregation-decode-retraction-backup``."""
+    decode_host_receive_threshold: str | None = None
+    """``--disaggregation-decode-host-receive-threshold`` as text (None: not given)."""
+    hierarchical_cache: bool = False
+    """``--enable-hierarchical-cache``."""
+    storage_backend: str | None = None
+    """``--hicache-storage-backend`` (at the scheduler: one that reached SGLang; the launcher takes ``file``)."""
+    host_memory_mode: str | None = None
+    """``--hicache-host-memory-mode``."""
+    kv_owner_check: bool = True
+    """``--kv-owner-check on`` (at the scheduler: on and the tree cache enabled)."""
+    tenants_file: bool = False
+    """A tenants file is configured."""
+    bypass_flags: frozenset[str] = frozenset()
+    """The :data:`BYPASS_FLAGS` given."""
+    tokenizer_workers: str | None = None
+    """``--tokenizer-worker-num`` as text (None: not given)."""
+    bypass_env: frozenset[str] = frozenset()
+    """The :data:`BYPASS_ENV` switches that are on."""
+    hybrid_swa: bool = False
+    """The model has sliding-window layers beside full attention (known at the scheduler only)."""
+    hybrid_ssm: bool = False
+    """The model has SSM/Mamba layers (known at the scheduler only)."""
+
+    @classmethod
+    def from_argv(
+        cls, argv: Sequence[str], env: Mapping[str, str], *, kv_owner_check: bool, tenants_file: bool
+    ) -> Features:
+        """The features of an SGLang command line (the launcher's, before it rewrites the storage flag)."""
+        threshold = flag_value(argv, "--disaggregation-decode-host-receive-threshold")
+        return cls(
+            stage="launch",
+            radix_cache_backend=flag_value(argv, "--radix-cache-backend"),
+            speculative_algorithm=flag_value(argv, "--speculative-algorithm"),
+            dllm_algorithm=flag_value(argv, "--dllm-algorithm"),
+            disaggregation_mode=_mode(flag_value(argv, "--disaggregation-mode")),
+            transfer_backend=flag_value(argv, "--disaggregation-transfer-backend") or "mooncake",
+            pd_flags=frozenset(f for f in UNCOVERED_PD_FLAGS if has_flag(argv, f)),
+            decode_retraction_backup=flag_value(argv, "--disaggregation-decode-retraction-backup"),
+            decode_host_receive_threshold=threshold,
+            hierarchical_cache=has_flag(argv, "--enable-hierarchical-cache"),
+            storage_backend=flag_value(argv, STORAGE_FLAG),
+            host_memory_mode=flag_value(argv, "--hicache-host-memory-mode"),
+            kv_owner_check=kv_owner_check,
+            tenants_file=tenants_file,
+            bypass_flags=frozenset(f for f in BYPASS_FLAGS if has_flag(argv, f)),
+            tokenizer_workers=flag_value(argv, "--tokenizer-worker-num"),
+            bypass_env=frozenset(n for n in BYPASS_ENV if env.get(n, "").lower() in ("1", "true", "yes")),
+        )
+
+    @classmethod
+    def from_server_args(
+        cls,
+        server_args: Any,
+        *,
+        kv_owner_check: bool,
+        tenants_file: bool,
+        hierarchical_cache: bool | None = None,
+        hybrid_swa: bool = False,
+        hybrid_ssm: bool = False,
+    ) -> Features:
+        """The features of SGLang's ``ServerArgs`` (read by attribute; model facts from the caller)."""
+        get = lambda name: getattr(server_args, name, None)  # noqa: E731
+        algorithm = get("speculative_algorithm")
+        return cls(
+            stage="scheduler",
+            radix_cache_backend=get("radix_cache_backend"),
+            speculative_algorithm=None if algorithm is None else str(getattr(algorithm, "name", algorithm)),
+            dllm_algorithm=get("dllm_algorithm") or None,
+            disaggregation_mode=_mode(get("disaggregation_mode")),
+            transfer_backend=str(get("disaggregation_transfer_backend") or "mooncake"),
+            hierarchical_cache=bool(get("enable_hierarchical_cache"))
+            if hierarchical_cache is None
+            else hierarchical_cache,
+            storage_backend=get("hicache_storage_backend") or None,
+            host_memory_mode=get("hicache_host_memory_mode"),
+            kv_owner_check=kv_owner_check,
+            tenants_file=tenants_file,
+            hybrid_swa=hybrid_swa,
+            hybrid_ssm=hybrid_ssm,
+        )
+
+
+class Row(NamedTuple):
+    """One refused feature."""
+
+    feature: str
+    """Its name in the README's coverage table."""
+    stages: tuple[Stage, ...]
+    """Where it is checked."""
+    group: Group
+    """How it is reported (see the module doc)."""
+    check: Callable[[Features], str | None]
+    """The message (``"launch"``) or fragment naming the flag when ``features`` has it, else None."""
+
+
+class Refusal(NamedTuple):
+    """One refused feature of one server."""
+
+    feature: str
+    group: Group
+    message: str
+
+
+def refusals(features: Features, *, group: Group | None = None) -> list[Refusal]:
+    """Every row that refuses ``features`` at its stage (of ``group``, if given), in table order."""
+    out = []
+    for row in ROWS:
+        if features.stage not in row.stages or group not in (None, row.group):
+            continue
+        message = row.check(features)
+        if message is not None:
+            out.append(Refusal(row.feature, row.group, message))
+    return out
+
+
+def explain(found: Sequence[Refusal]) -> str:
+    """One message for a non-empty list of refusals, led by the first in table order.
+
+    A ``"launch"`` refusal speaks for itself; otherwise the tree and owner-check fragments are joined.
+    """
+    if found[0].group == "launch":
+        return found[0].message
+    parts = []
+    tree = [r.message for r in found if r.group == "tree"]
+    if tree:
+        parts.append(f"the tenant tree cache does not support {', '.join(tree)}")
+    owner = [r.message for r in found if r.group == "owner-check"]
+    if owner:
+        parts.append(f"--kv-owner-check on does not cover {'; '.join(owner)}; drop it or pass --kv-owner-check off")
+    return "; ".join(parts)
+
+
+def table_markdown() -> str:
+    """The README's coverage table, one line per row (``test/unit/test_coverage.py`` compares the two)."""
+    lines = ["| refused at start | checked by |", "|---|---|"]
+    where = {("launch",): "launcher", ("scheduler",): "scheduler", ("launch", "scheduler"): "launcher and scheduler"}
+    for row in ROWS:
+        lines.append(f"| {row.feature} | {where[row.stages]} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------- the rows
+
+
+def _mode(value: object) -> str | None:
+    return None if value in (None, "", "null") else str(value)
+
+
+def _radix_backend(f: Features) -> str | None:
+    backend = f.radix_cache_backend
+    if backend is None or backend == BACKEND_NAME:
+        return None
+    return (
+        f"--radix-cache-backend {backend!r} is not allowed: sglang-iso serves only with {BACKEND_NAME!r}. "
+        "Use `python -m sglang.launch_server` for an unhardened server."
+    )
+
+
+def _pd_mode(f: Features) -> str | None:
+    if f.disaggregation_mode is None or f.disaggregation_mode in PD_COVERED_BACKENDS:
+        return None
+    return f"--disaggregation-mode {f.disaggregation_mode} is not supported by sglang-iso (covered: prefill, decode)"
+
+
+def _pd_backend(f: Features) -> str | None:
+    covered = PD_COVERED_BACKENDS.get(f.disaggregation_mode or "")
+    if covered is None or f.transfer_backend in covered:
+        return None
+    return (
+        f"--disaggregation-transfer-backend {f.transfer_backend} is not supported by sglang-iso with "
+        f"--disaggregation-mode {f.disaggregation_mode}: its drain signals are not covered by the transfer "
+        f"quarantine (covered: {', '.join(covered)})"
+    )
+
+
+def _pd_flag(flag: str) -> Callable[[Features], str | None]:
+    def check(f: Features) -> str | None:
+        if f.disaggregation_mode not in PD_COVERED_BACKENDS or flag not in f.pd_flags:
+            return None
+        return f"{flag} is not supported by sglang-iso: {UNCOVERED_PD_FLAGS[flag]}"
+
+    return check
+
+
+def _pd_draft(f: Features) -> str | None:
+    if f.disaggregation_mode not in PD_COVERED_BACKENDS or not has_draft_model(f.speculative_algorithm):
+        return None
+    return (
+        f"--speculative-algorithm {f.speculative_algorithm} is not supported by sglang-iso with "
+        f"--disaggregation-mode {f.disaggregation_mode}: the draft model's KV and hidden states cross workers "
+        "outside the transfer quarantine"
+    )
+
+
+def _pd_host_pool(f: Features) -> str | None:
+    if f.disaggregation_mode not in PD_COVERED_BACKENDS or f.decode_retraction_backup != "host_pool":
+        return None
+    return (
+        "--disaggregation-decode-retraction-backup host_pool is not supported by sglang-iso: it needs SGLang's "
+        "own tree cache (use cpu_tensor, the sglang-iso default, or none)"
+    )
+
+
+def _pd_host_receive(f: Features) -> str | None:
+    threshold = f.decode_host_receive_threshold
+    if f.disaggregation_mode not in PD_COVERED_BACKENDS or threshold is None or threshold in ("1", "1.0"):
+        return None
+    return (
+        "--disaggregation-decode-host-receive-threshold is not supported by sglang-iso: "
+        "host-staged transfers land outside the quarantined device pages"
+    )
+
+
+def _storage_without_hicache(f: Features) -> str | None:
+    if f.storage_backend is None or f.hierarchical_cache:
+        return None
+    return f"{STORAGE_FLAG} needs --enable-hierarchical-cache"
+
+
+def _storage_backend(f: Features) -> str | None:
+    if f.storage_backend is None or not f.hierarchical_cache or f.storage_backend == "file":
+        return None
+    return (
+        f"{STORAGE_FLAG} {f.storage_backend!r} is not supported by sglang-iso: only 'file' (a namespaced, "
+        "secret-keyed page store); Mooncake, 3FS, NIXL and the others key pages by client fields"
+    )
+
+
+def _storage_without_tenants(f: Features) -> str | None:
+    if f.storage_backend != "file" or not f.hierarchical_cache or f.tenants_file:
+        return None
+    return f"{STORAGE_FLAG} file needs --tenants-file: its namespace secret keys the store"
+
+
+def _pd_without_tenants(f: Features) -> str | None:
+    if f.disaggregation_mode is None or f.tenants_file:
+        return None
+    return "--disaggregation-mode needs --tenants-file: its namespace secret keys the transfer tag"
+
+
+def _bypass_flag(flag: str) -> Callable[[Features], str | None]:
+    def check(f: Features) -> str | None:
+        if not f.tenants_file or flag not in f.bypass_flags:
+            return None
+        return f"{flag} cannot be used with --tenants-file: {BYPASS_FLAGS[flag]}"
+
+    return check
+
+
+def _tokenizer_workers(f: Features) -> str | None:
+    if not f.tenants_file or f.tokenizer_workers in (None, "1"):
+        return None
+    return "--tokenizer-worker-num must be 1 with --tenants-file: other workers skip the tenant gate"
+
+
+def _bypass_env(name: str) -> Callable[[Features], str | None]:
+    def check(f: Features) -> str | None:
+        if not f.tenants_file or name not in f.bypass_env:
+            return None
+        return f"environment variable {name} cannot be set with --tenants-file: {BYPASS_ENV[name]}"
+
+    return check
+
+
+def _hybrid_swa(f: Features) -> str | None:
+    return "hybrid SWA model" if f.hybrid_swa else None
+
+
+def _hybrid_ssm(f: Features) -> str | None:
+    return "hybrid SSM/Mamba model" if f.hybrid_ssm else None
+
+
+def _speculative(f: Features) -> str | None:
+    return uncovered_speculative(f.speculative_algorithm)
+
+
+def _draft_with_hicache(f: Features) -> str | None:
+    if not f.hierarchical_cache or not has_draft_model(f.speculative_algorithm):
+        return None
+    return (
+        f"--speculative-algorithm {f.speculative_algorithm} with --enable-hierarchical-cache "
+        "(no draft KV in the host tier)"
+    )
+
+
+def _storage_reaching_sglang(f: Features) -> str | None:
+    if not f.hierarchical_cache or f.storage_backend is None:
+        return None
+    return (
+        f"{STORAGE_FLAG} {f.storage_backend} reaching SGLang (its storage backends key pages by client fields; "
+        "sglang-iso's launcher serves 'file' with its own namespaced, secret-keyed store)"
+    )
+
+
+def _host_buffer_only(f: Features) -> str | None:
+    if not f.hierarchical_cache or f.host_memory_mode != "buffer_only":
+        return None
+    return "--hicache-host-memory-mode buffer_only"
+
+
+def _owner_speculative(f: Features) -> str | None:
+    return uncovered_speculative(f.speculative_algorithm) if f.kv_owner_check else None
+
+
+def _owner_dllm(f: Features) -> str | None:
+    if not f.kv_owner_check or not f.dllm_algorithm:
+        return None
+    return f"--dllm-algorithm {f.dllm_algorithm} (plans attention outside the checked forward)"
+
+
+def _owner_decode(f: Features) -> str | None:
+    if not f.kv_owner_check or f.disaggregation_mode != "decode":
+        return None
+    return "--disaggregation-mode decode (transferred KV pages have no owner)"
+
+
+_L: tuple[Stage, ...] = ("launch",)
+_S: tuple[Stage, ...] = ("scheduler",)
+_LS: tuple[Stage, ...] = ("launch", "scheduler")
+_ALGORITHMS = ", ".join(COVERED_ALGORITHMS)
+
+_OWNER_SPEC = f"`--kv-owner-check on` with `--speculative-algorithm` other than {_ALGORITHMS}"
+
+ROWS: tuple[Row, ...] = (
+    Row("`--radix-cache-backend` other than `tenant`", _L, "launch", _radix_backend),
+    Row("`--disaggregation-mode` other than `prefill` and `decode`", _L, "launch", _pd_mode),
+    Row("`--disaggregation-transfer-backend` other than `mooncake`, `mooncake_tcp`", _L, "launch", _pd_backend),
+    *(Row(f"`{flag}`", _L, "launch", _pd_flag(flag)) for flag in UNCOVERED_PD_FLAGS),
+    Row("a speculative draft model with `--disaggregation-mode`", _L, "launch", _pd_draft),
+    Row("`--disaggregation-decode-retraction-backup host_pool`", _L, "launch", _pd_host_pool),
+    Row("`--disaggregation-decode-host-receive-threshold` below 1", _L, "launch", _pd_host_receive),
+    Row("`--hicache-storage-backend` without `--enable-hierarchical-cache`", _L, "launch", _storage_without_hicache),
+    Row("`--hicache-storage-backend` other than `file`", _L, "launch", _storage_backend),
+    Row("`--hicache-storage-backend file` without a tenants file", _L, "launch", _storage_without_tenants),
+    Row(_OWNER_SPEC, _LS, "owner-check", _owner_speculative),
+    Row("`--kv-owner-check on` with `--dllm-algorithm`", _LS, "owner-check", _owner_dllm),
+    Row("`--kv-owner-check on` with `--disaggregation-mode decode`", _LS, "owner-check", _owner_decode),
+    Row("`--disaggregation-mode` without a tenants file", _LS, "launch", _pd_without_tenants),
+    *(Row(f"`{flag}` with a tenants file", _L, "launch", _bypass_flag(flag)) for flag in BYPASS_FLAGS),
+    Row("`--tokenizer-worker-num` above 1 with a tenants file", _L, "launch", _tokenizer_workers),
+    *(Row(f"`{name}=1` with a tenants file", _L, "launch", _bypass_env(name)) for name in BYPASS_ENV),
+    Row("hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...)", _S, "tree", _hybrid_swa),
+    Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _S, "tree", _hybrid_ssm),
+    Row(f"`--speculative-algorithm` other than {_ALGORITHMS}", _S, "tree", _speculative),
+    Row("a speculative draft model with `--enable-hierarchical-cache`", _S, "tree", _draft_with_hicache),
+    Row("an SGLang L3 storage backend reaching the scheduler", _S, "tree", _storage_reaching_sglang),
+    Row("`--hicache-host-memory-mode buffer_only`", _S, "tree", _host_buffer_only),
+)
+"""Every feature refused at start, in the order the README's table lists them."""

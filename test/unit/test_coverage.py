@@ -1,0 +1,76 @@
+"""The coverage table: one row per refused feature, the README's list generated from it, both stages agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_iso import coverage
+from sglang_iso.coverage import Features, Stage, refusals
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_lists_exactly_the_table() -> None:
+    text = README.read_text()
+    found = re.search(r"<!-- coverage-table -->\n(.*?)\n<!-- /coverage-table -->", text, re.S)
+    assert found is not None, "README has no coverage table block"
+    assert found.group(1) == coverage.table_markdown()
+    assert len({row.feature for row in coverage.ROWS}) == len(coverage.ROWS)  # one name, one row
+
+
+def test_every_row_refuses_something_and_the_default_server_nothing() -> None:
+    """Each row has a configuration that trips it (so no row is dead), and a plain server trips none."""
+    assert refusals(Features("launch")) == [] and refusals(Features("scheduler")) == []
+    tripped = set()
+    stages: tuple[Stage, ...] = ("launch", "scheduler")
+    for stage in stages:
+        for f in _probes(stage):
+            tripped |= {r.feature for r in refusals(f)}
+    assert tripped == {row.feature for row in coverage.ROWS}
+
+
+def _probes(stage: Stage) -> list[Features]:
+    pd = {"disaggregation_mode": "decode", "pd_flags": frozenset(coverage.UNCOVERED_PD_FLAGS)}
+    pd_more = {"decode_retraction_backup": "host_pool", "decode_host_receive_threshold": "0.5"}
+    hicache = {"hierarchical_cache": True, "storage_backend": "mooncake", "host_memory_mode": "buffer_only"}
+    model = {"dllm_algorithm": "LowConfidence", "hybrid_swa": True, "hybrid_ssm": True}
+    bypass = {"bypass_flags": frozenset(coverage.BYPASS_FLAGS), "bypass_env": frozenset(coverage.BYPASS_ENV)}
+    return [
+        Features(stage, radix_cache_backend="flexkv"),
+        Features(stage, disaggregation_mode="encode", tenants_file=True),
+        Features(stage, disaggregation_mode="prefill", transfer_backend="nixl", tenants_file=True),
+        Features(stage, **pd, **pd_more, speculative_algorithm="EAGLE"),  # type: ignore[arg-type]
+        Features(stage, storage_backend="file"),
+        Features(stage, **hicache, speculative_algorithm="STANDALONE"),  # type: ignore[arg-type]
+        Features(stage, hierarchical_cache=True, storage_backend="file"),
+        Features(stage, speculative_algorithm="DFLASH", **model),  # type: ignore[arg-type]
+        Features(stage, tenants_file=True, tokenizer_workers="4", **bypass),  # type: ignore[arg-type]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "server_args"),
+    [
+        (["--speculative-algorithm", "FROZEN_KV_MTP"], {"speculative_algorithm": "FROZEN_KV_MTP"}),
+        (["--dllm-algorithm", "LowConfidence"], {"dllm_algorithm": "LowConfidence"}),
+        (["--disaggregation-mode", "decode"], {"disaggregation_mode": "decode"}),
+        (["--disaggregation-mode", "null"], {"disaggregation_mode": "null"}),
+    ],
+)
+def test_both_stages_read_the_same_facts_alike(argv: list[str], server_args: dict[str, str]) -> None:
+    """Rows checked at both stages refuse the same features whether read from argv or from ServerArgs."""
+    launch = Features.from_argv(argv, {}, kv_owner_check=True, tenants_file=False)
+    scheduler = Features.from_server_args(SimpleNamespace(**server_args), kv_owner_check=True, tenants_file=False)
+    shared = {row.feature for row in coverage.ROWS if row.stages == ("launch", "scheduler")}
+    assert {r.feature for r in refusals(launch)} & shared == {r.feature for r in refusals(scheduler)} & shared
+
+
+def test_a_speculative_enum_reads_as_its_name() -> None:
+    algorithm = SimpleNamespace(name="DFLASH")
+    f = Features.from_server_args(SimpleNamespace(speculative_algorithm=algorithm), kv_owner_check=False,
+                                  tenants_file=True)  # fmt: skip
+    assert "--speculative-algorithm DFLASH" in coverage.explain(refusals(f))
