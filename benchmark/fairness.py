@@ -14,6 +14,8 @@ One sglang-iso server per configuration, one at a time, each with ``--max-total-
 * ``long outputs``: the starvation report's flood: no running-requests flag (SGLang derives it, the request cap is
   32), B opens ``--long-streams`` streams of ``--long-tokens`` tokens each (SGLang reserves KV for their whole
   output), default limits.
+* ``rate limits``: the defaults, and B limited to ``--beta-rpm`` requests and ``--beta-tpm`` tokens per minute
+  (its refused streams wait the ``Retry-After`` the server sends).
 
 For each, A's time to first token (streamed ``/generate``, 8 new tokens) is measured ``--requests`` times on an
 idle server, then again while B keeps its long streams open (``flood-factor x running`` of ``flood-tokens``
@@ -41,16 +43,18 @@ from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
 from sglang_iso_testing.progress import Progress
 
 HERE = Path(__file__).resolve().parent
-CONFIGS = ("defaults", "no limits", "long outputs")
+CONFIGS = ("defaults", "no limits", "long outputs", "rate limits")
 
 
-def write_tenants(directory: Path, keys: dict[str, str], limit: int | None) -> Path:
+def write_tenants(directory: Path, keys: dict[str, str], limit: int | None, beta_extra: tuple[str, ...] = ()) -> Path:
     (directory / "secret.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "secret.key"', ""]
     for tenant in ("alpha", "beta"):
         lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]']
         if limit is not None:
             lines += [f"max_concurrent_requests = {limit}", "kv_share = 1"]
+        if tenant == "beta":
+            lines += list(beta_extra)
         lines.append("")
     path = directory / "tenants.toml"
     path.write_text("\n".join(lines))
@@ -72,8 +76,9 @@ def measure_a(port: int, key: str, n: int, label: str) -> list[float]:
 def run_config(config: str, args: argparse.Namespace) -> dict[str, Any]:
     keys = {"alpha": new_api_key(), "beta": new_api_key()}
     with tempfile.TemporaryDirectory(prefix="sglang-iso-fairness-") as tmp:
-        limit = None if config == "defaults" else 100_000
-        tenants = write_tenants(Path(tmp), keys, limit)
+        limit = None if config in ("defaults", "rate limits") else 100_000
+        rates = (f"requests_per_minute = {args.beta_rpm}", f"tokens_per_minute = {args.beta_tpm}")
+        tenants = write_tenants(Path(tmp), keys, limit, rates if config == "rate limits" else ())
         port = free_port()
         running = () if config == "long outputs" else ("--max-running-requests", str(args.running))
         argv = iso_server_argv(
@@ -116,23 +121,26 @@ def main() -> None:
     parser.add_argument("--flood-tokens", type=int, default=512, help="tokens per B stream")
     parser.add_argument("--long-streams", type=int, default=40, help="B's streams in the long-outputs row")
     parser.add_argument("--long-tokens", type=int, default=7000, help="tokens per B stream in the long-outputs row")
+    parser.add_argument("--beta-rpm", type=int, default=60, help="B's requests_per_minute in the rate-limits row")
+    parser.add_argument("--beta-tpm", type=int, default=50_000, help="B's tokens_per_minute in the rate-limits row")
     parser.add_argument("--flood-ramp-s", type=float, default=5.0, help="seconds between flood start and A")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     parser.add_argument("--out", type=Path, default=HERE / "fairness", help="output path stem (.json, .png)")
     args = parser.parse_args()
     results = [run_config(c, args) for c in args.configs.split(",")]
     header = (
-        f"{'config':<10} {'idle p50':>9} {'idle p99':>9} {'flood p50':>10} {'flood p99':>10} {'p99 x':>6} "
+        f"{'config':<12} {'idle p50':>9} {'idle p99':>9} {'flood p50':>10} {'flood p99':>10} {'p99 x':>6} "
         f"{'B served':>9} {'B 429':>6}"
     )
     print(
         f"\nA's TTFT (ms), B flooding with {args.flood_factor * args.running} streams of {args.flood_tokens} tokens"
-        f" ({args.long_streams} of {args.long_tokens} in the long-outputs row)"
+        f" ({args.long_streams} of {args.long_tokens} in the long-outputs row; B at {args.beta_rpm} requests and"
+        f" {args.beta_tpm} tokens per minute in the rate-limits row)"
     )
     print(header)
     for r in results:
         print(
-            f"{r['config']:<10} {r['idle_p50_ms']:>9.0f} {r['idle_p99_ms']:>9.0f} {r['flood_p50_ms']:>10.0f} "
+            f"{r['config']:<12} {r['idle_p50_ms']:>9.0f} {r['idle_p99_ms']:>9.0f} {r['flood_p50_ms']:>10.0f} "
             f"{r['flood_p99_ms']:>10.0f} {r['p99_ratio']:>6.2f} {r['b_streams_served']:>9} {r['b_refused']:>6}"
         )
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}

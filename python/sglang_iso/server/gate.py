@@ -25,15 +25,19 @@ task and sees what the gate records). It is the outermost layer of the app:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from sglang_iso import observability
-from sglang_iso.server import adapters, pd_rules, request_rules
+from sglang_iso.server import adapters, pd_rules, rate_limits, request_rules
 from sglang_iso.server.admission import RETRY_AFTER_S, Admission
 from sglang_iso.server.pd_rules import PdRole
+from sglang_iso.server.rate_limits import RateLimiter, Verdict
 from sglang_iso.server.request_rules import Limits, Refusal
 from sglang_iso.tenancy.keys import KeyIndex, Principal, parse_bearer
 
@@ -110,7 +114,8 @@ class TenantGate:
     ``keys`` is consulted on every request, so swapping its index (config
     reload) takes effect for the next request without touching requests in flight.
     ``limits`` bounds token ids and budgets (None: only the model-independent rules);
-    ``admission`` caps each tenant's requests in flight (None: no cap).
+    ``admission`` caps each tenant's requests in flight (None: no cap); ``rates`` its requests and tokens per
+    minute, with OpenAI's ``x-ratelimit-*`` headers on its responses (None: no rate limits).
     """
 
     def __init__(
@@ -121,8 +126,12 @@ class TenantGate:
         admission: Admission | None = None,
         metrics_need_admin: bool = False,
         pd: PdRole | None = None,
+        rates: RateLimiter | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> None:
         self.app = app
+        self.rates = rates  # per-tenant requests and tokens per minute, None: no rate limits
+        self.count_tokens = count_tokens  # the served model's token count of a text, for token reservations
         self.pd = pd  # this worker's prefill/decode role, None when not disaggregated
         self.keys = keys
         self.limits = limits
@@ -247,25 +256,84 @@ class TenantGate:
                 f"{adapter_refusal.field}: {adapter_refusal.reason}.", kind, param=adapter_refusal.field,
             )  # fmt: skip
             return
-        if self.admission is not None and not self.admission.try_acquire(tenant):
-            limit = self.admission.limit(tenant)
-            _refused("tenant_concurrency", str(scope.get("path", "")), tenant=tenant)
+        rated = self.rates is not None and self.rates.limits(tenant).any
+        verdict, budget_field = self._rate(tenant, checked) if rated else (None, "")
+        if verdict is not None and not verdict.admitted:
+            await self._rate_refusal(send, tenant, verdict, budget_field, str(scope.get("path", "")))
+            return
+        slot: _Slot | None = None
+        if self.admission is not None:
+            if not await self.admission.acquire(tenant, _gone(receive)):
+                if verdict is not None and self.rates is not None:
+                    self.rates.undo(tenant, verdict)
+                limit = self.admission.limit(tenant)
+                _refused("tenant_concurrency", str(scope.get("path", "")), tenant=tenant)
+                retry = [(b"retry-after", str(RETRY_AFTER_S).encode()), *self._rate_headers(tenant)]
+                await self._error(
+                    send, 429, "too_many_requests", f"Too many requests in flight for this key (limit {limit}).",
+                    "rate_limit_error", headers=retry,
+                )  # fmt: skip
+                return
+            slot = _Slot(self.admission, tenant)
+        scope.setdefault("state", {})[STATE_TENANT] = tenant
+        app_receive, app_send = _replay(checked, receive), send
+        meter: _Meter | None = None
+        if verdict is not None and self.rates is not None:
+            meter = _Meter(self.rates, tenant, verdict.reserved_tokens)
+            app_send = meter.track_send(app_send)
+        if slot is not None:
+            # NOTE: the slot is given back when the response's last byte is sent or the client goes away, not when
+            # SGLang's handler returns: after a disconnect SGLang may keep the handler waiting for seconds.
+            app_receive, app_send = slot.track_receive(app_receive), slot.track_send(app_send)
+        try:
+            await self.app(scope, app_receive, app_send)
+        finally:
+            if slot is not None:
+                slot.release()
+            if meter is not None:
+                meter.settle()
+
+    def _rate(self, tenant: str, body: bytes) -> tuple[Verdict | None, str]:
+        """Charge ``tenant``'s rate limits for one checked body (its reservation: :mod:`.rate_limits`); the verdict
+        and the body's budget field."""
+        if self.rates is None:
+            return None, ""
+        tokens, field = 0, ""
+        if self.rates.limits(tenant).tokens_per_minute is not None:
+            try:
+                obj = json.loads(body) if body else {}
+            except (ValueError, RecursionError):
+                obj = {}
+            obj = obj if isinstance(obj, dict) else {}
+            tokens, field = rate_limits.reservation(obj, self.count_tokens), rate_limits.budget_field(obj)
+        return self.rates.admit(tenant, tokens), field
+
+    def _rate_headers(self, tenant: str) -> list[tuple[bytes, bytes]]:
+        return self.rates.headers(tenant) if self.rates is not None else []
+
+    async def _rate_refusal(self, send: Send, tenant: str, verdict: Verdict, budget_field: str, path: str) -> None:
+        limits = self.rates.limits(tenant) if self.rates is not None else rate_limits.RateLimits()
+        _refused(f"tenant_{verdict.limit}_per_minute", path, tenant=tenant)
+        if math.isinf(verdict.retry_after_s):
             await self._error(
-                send, 429, "too_many_requests", f"Too many requests in flight for this key (limit {limit}).",
-                "rate_limit_error", headers=[(b"retry-after", str(RETRY_AFTER_S).encode())],
+                send, 400, "request_too_large",
+                f"This request needs more tokens (prompt plus output budget) than this key's tokens_per_minute "
+                f"limit ({limits.tokens_per_minute}); lower {budget_field} or shorten the prompt.",
+                param=budget_field, headers=self._rate_headers(tenant),
             )  # fmt: skip
             return
-        scope.setdefault("state", {})[STATE_TENANT] = tenant
-        if self.admission is None:
-            await self.app(scope, _replay(checked, receive), send)
-            return
-        # NOTE: the slot is given back when the response's last byte is sent or the client goes away, not when
-        # SGLang's handler returns: after a disconnect SGLang may keep the handler waiting for seconds.
-        slot = _Slot(self.admission, tenant)
-        try:
-            await self.app(scope, slot.track_receive(_replay(checked, receive)), slot.track_send(send))
-        finally:
-            slot.release()
+        size = limits.requests_per_minute if verdict.limit == "requests" else limits.tokens_per_minute
+        wait = max(1, math.ceil(verdict.retry_after_s))
+        await self._error(
+            send, 429, "rate_limit_exceeded",
+            f"Rate limit reached for {verdict.limit} per minute (limit {size}); retry in {wait} s.",
+            "rate_limit_error",
+            headers=[
+                (b"retry-after", str(wait).encode()),
+                (b"retry-after-ms", str(math.ceil(verdict.retry_after_s * 1000)).encode()),
+                *self._rate_headers(tenant),
+            ],
+        )  # fmt: skip
 
     async def _refuse_socket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Refuse a WebSocket handshake (403 to the client) and anything else that is not HTTP."""
@@ -333,6 +401,77 @@ class _Slot:
             return message
 
         return tracked
+
+
+class _Meter:
+    """One rate-limited request's response: adds the ``x-ratelimit-*`` headers, reads the token counts it reports
+    (:func:`~sglang_iso.server.rate_limits.used_tokens`) and settles the reservation once."""
+
+    MAX_JSON_BYTES = 4 * 1024 * 1024
+    """A non-streamed body larger than this is not parsed: the reservation stands."""
+
+    def __init__(self, rates: RateLimiter, tenant: str, reserved: int) -> None:
+        self.rates = rates
+        self.tenant = tenant
+        self.reserved = reserved
+        self.status = 0
+        self.stream = False
+        self.body = bytearray()
+        self.payloads: list[object] = []
+        self.settled = False
+
+    def track_send(self, send: Send) -> Send:
+        async def tracked(message: Message) -> None:
+            kind = message.get("type")
+            if kind == "http.response.start":
+                self.status = int(message.get("status", 0))
+                headers = list(message.get("headers", []))
+                self.stream = any(
+                    k.lower() == b"content-type" and b"event-stream" in bytes(v).lower() for k, v in headers
+                )
+                message = {**message, "headers": [*headers, *self.rates.headers(self.tenant)]}
+            elif kind == "http.response.body":
+                self._read(bytes(message.get("body", b"")), message.get("more_body", False))
+            await send(message)
+
+        return tracked
+
+    def _read(self, chunk: bytes, more: bool) -> None:
+        if self.reserved == 0 or len(self.body) > self.MAX_JSON_BYTES:
+            return
+        self.body += chunk
+        if self.stream:  # NOTE: server-sent events; only whole lines are parsed, a split one waits for the rest
+            lines, _, rest = bytes(self.body).rpartition(b"\n")
+            self.body = bytearray(rest)
+            for line in lines.split(b"\n"):
+                if line.startswith(b"data:") and b"_tokens" in line:
+                    self._parse(line[5:])
+        elif not more:
+            self._parse(bytes(self.body))
+
+    def _parse(self, data: bytes) -> None:
+        with contextlib.suppress(ValueError, RecursionError):
+            self.payloads.append(json.loads(data))
+
+    def settle(self) -> None:
+        if self.settled or self.reserved == 0:
+            return
+        self.settled = True
+        # NOTE: an error status means SGLang generated nothing; a response without counts keeps its reservation.
+        used = 0 if self.status >= 400 else rate_limits.used_tokens(self.payloads)
+        self.rates.settle(self.tenant, self.reserved, used)
+
+
+def _gone(receive: Receive) -> Callable[[], Awaitable[object]]:
+    """Returns when the client disconnects (the body was read already: the next message is the disconnect)."""
+
+    async def wait() -> object:
+        message = await receive()
+        if message.get("type") != "http.disconnect":
+            await asyncio.Event().wait()  # NOTE: not a disconnect: nothing more will come, wait for the slot
+        return message
+
+    return wait
 
 
 def _refused(reason: str, path: str, tenant: str | None = None) -> None:

@@ -16,7 +16,12 @@ Format (TOML)::
                                              # but the server's --iso-l3-max-gb; over it, its own oldest go
     cache = "private"                        # "private" | "off" | "group:<name>"; default "private"
     max_concurrent_requests = 8              # optional positive int: requests in flight (default: half the
-                                             # server's --max-running-requests, else 32); beyond -> 429
+                                             # server's --max-running-requests, else 32); beyond -> queue
+    max_queued_requests = 16                 # optional positive int: requests that wait at the gate for a slot
+                                             # (first come first served); default none: beyond -> 429 at once
+    requests_per_minute = 600                # optional positive int; default: no limit; beyond -> 429
+    tokens_per_minute = 200000               # optional positive int: prompt + output budget per minute, settled
+                                             # with the served count; default: no limit; beyond -> 429
     adapters = ["acme-support"]              # optional: LoRA adapters it may use; default none (base model only)
 
     [[shared_prefixes]]                      # optional
@@ -107,6 +112,14 @@ class Tenant:
     ``host_quota_tokens`` in the file, else ``quota_tokens``; ``None`` = no cap but the host's size."""
     l3_quota_tokens: int | None = None
     """Cap on the tenant's (or its group's) tokens in L3 storage (positive); ``None`` = only the overall cap."""
+    max_queued_requests: int = 0
+    """Requests of the tenant that may wait at the gate for one of its ``max_concurrent_requests`` slots (0: none
+    wait, the request gets 429)."""
+    requests_per_minute: int | None = None
+    """Cap on the tenant's requests per minute (a bucket of this size refilled over a minute); ``None`` = none."""
+    tokens_per_minute: int | None = None
+    """Cap on the tenant's prompt plus output tokens per minute (reserved on arrival, settled at completion:
+    :mod:`sglang_iso.server.rate_limits`); ``None`` = none."""
     kv_share: float | None = None
     """Largest fraction of the KV pool and of the running batch the tenant's requests in flight may hold, in
     (0, 1] (``kv_share``); ``None`` = the file's ``default_kv_share``. A group holds the largest share of its
@@ -181,7 +194,7 @@ _TOP_FIELDS = (
 )  # fmt: skip
 _TENANT_FIELDS = (
     "id", "key_sha256", "quota_tokens", "host_quota_tokens", "l3_quota_tokens", "cache", "max_concurrent_requests",
-    "kv_share", "adapters",
+    "max_queued_requests", "requests_per_minute", "tokens_per_minute", "kv_share", "adapters",
 )  # fmt: skip
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
@@ -255,6 +268,9 @@ def _tenant(
     l3_quota = v.optional_positive_int(table, "l3_quota_tokens", f"{field}.l3_quota_tokens", section)
     concurrency = v.optional_positive_int(table, "max_concurrent_requests", f"{field}.max_concurrent_requests", section)
     kv_share = v.optional_fraction(table, "kv_share", f"{field}.kv_share", section)
+    queued = v.optional_positive_int(table, "max_queued_requests", f"{field}.max_queued_requests", section)
+    rpm = v.optional_positive_int(table, "requests_per_minute", f"{field}.requests_per_minute", section)
+    tpm = v.optional_positive_int(table, "tokens_per_minute", f"{field}.tokens_per_minute", section)
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
@@ -282,6 +298,9 @@ def _tenant(
         host_quota_tokens=host_quota if host_quota is not None else quota,
         l3_quota_tokens=l3_quota,
         kv_share=kv_share,
+        max_queued_requests=queued or 0,
+        requests_per_minute=rpm,
+        tokens_per_minute=tpm,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sglang_iso import envvars
@@ -11,6 +12,7 @@ from sglang_iso.integration.front import reload, routes, state
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import ReloadableKeys, TenantGate
 from sglang_iso.server.pd_rules import pd_role
+from sglang_iso.server.rate_limits import RateLimiter, RateLimits
 from sglang_iso.server.request_rules import Limits
 from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex
@@ -42,16 +44,21 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     admission = Admission(
         lambda tenant: _tenant_limit(front, tenant),
         default=default_limit(getattr(server_args, "max_running_requests", None)),
+        queue_of=lambda tenant: _tenant_queue(front, tenant),
     )
+    rates = RateLimiter(lambda tenant: _tenant_rates(front, tenant))
     http_server.app.add_middleware(
         TenantGate,
         keys=keys,
         limits=_model_limits(tokenizer_manager),
         admission=admission,
+        rates=rates,
+        count_tokens=_token_counter(tokenizer_manager),
         metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
         pd=pd_role(getattr(server_args, "disaggregation_mode", None),
                    getattr(server_args, "disaggregation_transfer_backend", None)),
     )  # fmt: skip
+    front.rates = rates
     state.set_current(front)
     routes.add_iso_routes(http_server.app, tokenizer_manager, front)
     lora.prewarm(tokenizer_manager)
@@ -62,6 +69,28 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
 def _tenant_limit(front: state.FrontState, tenant_id: str) -> int | None:
     tenant = front.config.tenants.get(tenant_id)
     return tenant.max_concurrent_requests if tenant is not None else None
+
+
+def _tenant_queue(front: state.FrontState, tenant_id: str) -> int:
+    tenant = front.config.tenants.get(tenant_id)
+    return tenant.max_queued_requests if tenant is not None else 0
+
+
+def _tenant_rates(front: state.FrontState, tenant_id: str) -> RateLimits:
+    tenant = front.config.tenants.get(tenant_id)
+    if tenant is None:
+        return RateLimits()
+    return RateLimits(tenant.requests_per_minute, tenant.tokens_per_minute)
+
+
+def _token_counter(tokenizer_manager: Any) -> Callable[[str], int] | None:
+    """The served tokenizer's token count of a text (for token reservations); None without a tokenizer."""
+    tokenizer = getattr(tokenizer_manager, "tokenizer", None)
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        logger.warning("sglang-iso: no tokenizer in the HTTP process; token reservations estimate from bytes")
+        return None
+    return lambda text: len(encode(text))
 
 
 def _model_limits(tokenizer_manager: Any) -> Limits | None:

@@ -31,6 +31,14 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                 "host_quota_tokens": tenant.host_quota_tokens,
                 "l3_quota_tokens": tenant.l3_quota_tokens,
                 "kv_share": config.kv_share_of(owner),
+                "limits": {
+                    "max_concurrent_requests": tenant.max_concurrent_requests,
+                    "max_queued_requests": tenant.max_queued_requests,
+                    "requests_per_minute": tenant.requests_per_minute,
+                    "tokens_per_minute": tenant.tokens_per_minute,
+                    **(front.rates.state(tenant.id) if front.rates is not None else {}),
+                    "rate_limited": front.rates.refused.get(tenant.id, 0) if front.rates is not None else 0,
+                },
                 "ranks": [rank.get(owner, {}) for rank in per_rank],
             }
         # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_iso.server.rate_limits import RateLimiter
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig
 
@@ -24,6 +25,8 @@ class FrontState:
         """Bumped after every weight update: part of the model fingerprint, so old entries never match."""
         self.tagger = self._make_tagger()
         """Tags requests for :attr:`config` and the current weights."""
+        self.rates: RateLimiter | None = None
+        """The gate's per-tenant rate limits (set when the gate is installed), for the admin API."""
 
     def replace_config(self, config: TenantsConfig) -> None:
         """A reloaded tenants file takes effect for new requests."""
