@@ -23,6 +23,17 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then
     echo "warning: libibverbs1 is missing: prefill/decode disaggregation (mooncake) will not start" >&2
   fi
 fi
+# promtool (Debian's prometheus package) checks and unit-tests the alerting rules in make test, and the
+# tests say so when they skip.
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+      || echo "warning: could not install prometheus: the alert-rule tests will be skipped" >&2
+  else
+    echo "warning: promtool is missing (apt-get install prometheus): the alert-rule tests will be skipped" >&2
+  fi
+fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --no-deps -r requirements/runtime.txt
 "${PIP[@]}" -r requirements/dev.txt

@@ -34,7 +34,7 @@ OVERLAYS = ("gpu", "cpu-demo")
 # the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.32.0", "1.37.0")
 # Custom resources: no built-in schema, checked by our rules only.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 SERVER_PORT = 30000
 WORKER_NAME = "sglang-iso-worker"
@@ -555,6 +555,7 @@ def test_overlay_renders_expected_objects(docs: list[Doc]) -> None:
         ("PodDisruptionBudget", WORKER_NAME),
         ("HorizontalPodAutoscaler", WORKER_NAME),
         ("ServiceMonitor", WORKER_NAME),
+        ("PrometheusRule", "sglang-iso-alerts"),
     ]:
         assert expected in kinds, f"{expected} missing; rendered: {sorted(kinds)}"
 
