@@ -107,13 +107,19 @@ def _show(server: ServerProcess, keys: dict[str, str], *, keep_running: bool) ->
     status, stats = server.get_with("/iso/tenants", {"Authorization": f"Bearer {keys['admin']}"})
     if status == 200:
         print("\nper-tenant cache statistics (GET /iso/tenants, admin key):")
-        print(f"{'tenant':<8} {'resident':>9} {'hit tok':>8} {'inserted':>9} {'violations':>10}")
+        print(
+            f"{'tenant':<8} {'requests':>8} {'prompt tok':>10} {'cached tok':>10} {'resident':>9} {'lookup hits':>11} "
+            f"{'inserted':>9} {'violations':>10}"
+        )
         for tenant, info in stats["tenants"].items():
+            served = info["served"]
             rank = info["ranks"][0] if info["ranks"] else {}
             print(
-                f"{tenant:<8} {rank.get('resident_tokens', 0):>9} {rank.get('hit_tokens', 0):>8} "
+                f"{tenant:<8} {served['requests']:>8} {served['prompt_tokens']:>10} {served['cached_tokens']:>10} "
+                f"{rank.get('resident_tokens', 0):>9} {rank.get('lookup_hit_tokens', 0):>11} "
                 f"{rank.get('inserted_tokens', 0):>9} {rank.get('violations', 0):>10}"
             )
+        print("(requests, prompt and cached tokens: what clients were served; lookup hits: tokens tree lookups found)")
     print("\n(the bundled model has random weights: its text is gibberish by design)")
     same, cross = rows[1][3], rows[2][3]
     if same <= 0 or cross != 0:

@@ -152,7 +152,7 @@ def test_fork_reuses_the_document_within_the_tenant_only(
 
     status, tenants = server.get_with("/iso/tenants", auth(keys["admin"]))
     assert status == 200, tenants
-    assert tenants["tenants"]["acme"]["ranks"][0]["hit_tokens"] > 0
+    assert tenants["tenants"]["acme"]["ranks"][0]["lookup_hit_tokens"] > 0
 
 
 def test_admin_only_frontend_calls_fail_cleanly(

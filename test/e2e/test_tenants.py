@@ -240,15 +240,25 @@ def test_bypassing_flags_are_refused(tmp_path: Path, keys: dict[str, str]) -> No
 
 def test_iso_tenants_reports_and_iso_flush_drops_one_tenant(server: ServerProcess, keys: dict[str, str]) -> None:
     acme_prompt, globex_prompt = long_prompt(), long_prompt()
-    for key, prompt in ((keys["acme"], acme_prompt), (keys["globex"], globex_prompt)):
-        generate(server, key, prompt)
-        assert generate(server, key, prompt)["cached_tokens"] > 0
+    status, out = server.get_with("/iso/tenants", auth(keys["admin"]))
+    assert status == 200, out
+    served_before = {t: out["tenants"][t]["served"] for t in ("acme", "globex")}
+    seen = {t: {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0} for t in ("acme", "globex")}
+    for tenant, prompt in (("acme", acme_prompt), ("globex", globex_prompt)):
+        for meta in (generate(server, keys[tenant], prompt), generate(server, keys[tenant], prompt)):
+            seen[tenant]["requests"] += 1
+            seen[tenant]["prompt_tokens"] += meta["prompt_tokens"]
+            seen[tenant]["cached_tokens"] += meta["cached_tokens"]
+        assert meta["cached_tokens"] > 0
     status, out = server.get_with("/iso/tenants", auth(keys["acme"]))
     assert status == 403
     status, out = server.get_with("/iso/tenants", auth(keys["admin"]))
     assert status == 200
+    for tenant in ("acme", "globex"):  # what the admin API reports is what the clients were served
+        served = out["tenants"][tenant]["served"]
+        assert {k: served[k] - served_before[tenant][k] for k in seen[tenant]} == seen[tenant], (served, seen)
     acme = out["tenants"]["acme"]["ranks"][0]
-    assert acme["resident_tokens"] > 0 and acme["hit_tokens"] > 0 and acme["violations"] == 0
+    assert acme["resident_tokens"] > 0 and acme["lookup_hit_tokens"] > 0 and acme["violations"] == 0
     assert out["tenants"]["initech"]["cache"] == "off"
 
     status, out = server.post("/iso/flush", {"tenant": "nobody"}, headers=auth(keys["admin"]))

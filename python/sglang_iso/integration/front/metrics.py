@@ -1,4 +1,4 @@
-"""Per-tenant metrics and audit records, from each request's final outputs."""
+"""Per-tenant served-token counts, metrics and audit records, from each request's final outputs."""
 
 from __future__ import annotations
 
@@ -19,19 +19,32 @@ def short_namespace(tag: Any) -> str | None:
     return parts[2][:12] if len(parts) == 4 else None
 
 
-async def observe(outputs: Any, tenant: str, namespace: str | None) -> AsyncIterator[Any]:
-    """Pass ``outputs`` through; record each finished request's token counts for ``tenant``."""
+async def observe(
+    outputs: Any, tenant: str, namespace: str | None, served: dict[str, dict[str, int]] | None = None
+) -> AsyncIterator[Any]:
+    """Pass ``outputs`` through; record each finished request's token counts for ``tenant``.
+
+    ``served`` (tenant -> ``requests``, ``prompt_tokens``, ``cached_tokens``) is incremented with what the client
+    was served: the numbers ``GET /iso/tenants`` reports beside the tree's lookup counters.
+    """
     async for out in outputs:
         for item in out if isinstance(out, list) else [out]:
             meta = item.get("meta_info") if isinstance(item, dict) else None
             if isinstance(meta, dict) and meta.get("finish_reason") is not None:
-                _record(tenant, namespace, meta)
+                _record(tenant, namespace, meta, served)
         yield out
 
 
-def _record(tenant: str, namespace: str | None, meta: dict[str, Any]) -> None:
+def _record(tenant: str, namespace: str | None, meta: dict[str, Any], served: dict[str, dict[str, int]] | None) -> None:
     prompt_tokens = int(meta.get("prompt_tokens") or 0)
     cached = int(meta.get("cached_tokens") or 0)
+    if served is not None:
+        row = served.setdefault(tenant, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0})
+        row["requests"] += 1
+        row["prompt_tokens"] += prompt_tokens
+        row["cached_tokens"] += cached
+    if not enabled():
+        return
     m = observability.metrics()
     if m is not None:
         m["prompt_tokens"].labels(tenant=tenant).inc(prompt_tokens)

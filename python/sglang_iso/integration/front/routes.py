@@ -31,6 +31,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                 "host_quota_tokens": tenant.host_quota_tokens,
                 "l3_quota_tokens": tenant.l3_quota_tokens,
                 "kv_share": config.kv_share_of(owner),
+                "served": dict(front.served.get(tenant.id, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0})),
                 "limits": {
                     "max_concurrent_requests": tenant.max_concurrent_requests,
                     "max_queued_requests": tenant.max_queued_requests,

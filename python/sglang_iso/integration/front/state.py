@@ -25,6 +25,9 @@ class FrontState:
         """Bumped after every weight update: part of the model fingerprint, so old entries never match."""
         self.tagger = self._make_tagger()
         """Tags requests for :attr:`config` and the current weights."""
+        self.served: dict[str, dict[str, int]] = {}
+        """Tenant -> ``requests``, ``prompt_tokens`` and ``cached_tokens`` its finished requests were served (counted
+        from the outputs this process sent; mutated by the request handlers on the event loop)."""
         self.rates: RateLimiter | None = None
         """The gate's per-tenant rate limits (set when the gate is installed), for the admin API."""
 

@@ -16,7 +16,8 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
     Tagging overwrites the namespace with the server's tag; a request without an
     authenticated tenant (an internal or unexpected path) gets no tag, so the
     scheduler serves it without any prefix sharing. Observation feeds the
-    per-tenant metrics and the audit log from the final outputs.
+    served-token counts of ``GET /iso/tenants``, the per-tenant metrics and the
+    audit log from the final outputs.
     """
     request = kwargs.pop("request", request)
     try:
@@ -24,9 +25,11 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
     except (lora.AdapterForbidden, lora.AdapterNotLoaded) as exc:
         return _refused(exc)
     outputs = original(manager, obj, request, *args, **kwargs)
-    if tenant is None or not metrics.enabled():
+    front = state.current()
+    if tenant is None or (front is None and not metrics.enabled()):
         return outputs
-    return metrics.observe(outputs, tenant, metrics.short_namespace(getattr(obj, "extra_key", None)))
+    namespace = metrics.short_namespace(getattr(obj, "extra_key", None))
+    return metrics.observe(outputs, tenant, namespace, front.served if front is not None else None)
 
 
 def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
