@@ -97,25 +97,21 @@ class ServerProcess:
     def _kill(self) -> None:
         if self.proc is None:
             return
-        try:
-            pgid = os.getpgid(self.proc.pid)
-        except ProcessLookupError:
-            pgid = None
+        # NOTE: the group id is the launcher's pid (start_new_session), known even when the launcher has exited:
+        # asking the OS for it then fails, and its scheduler and detokenizer would be left busy-polling. Linux does
+        # not reuse a pid while a process group of that id has members.
+        pgid = self.proc.pid
         for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            if pgid is not None:
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
             try:
                 self.proc.wait(timeout=wait_s)
-                if sig == signal.SIGTERM and pgid is not None:
-                    # Children (scheduler, detokenizer) may outlive the parent.
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pgid, signal.SIGKILL)
-                break
             except subprocess.TimeoutExpired:
                 continue
+            # Children (scheduler, detokenizer) may outlive the launcher.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            break
 
     def log_tail(self, lines: int = 80) -> str:
         try:

@@ -54,3 +54,35 @@ def test_a_given_log_path_is_never_removed(tmp_path: Path) -> None:
     server.start(timeout_s=30)
     server.stop()
     assert (tmp_path / "s.log").exists()
+
+
+ORPHANING = textwrap.dedent(
+    """
+    import subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("child", child.pid, flush=True)
+    """
+)
+
+
+def test_children_of_a_launcher_that_already_exited_are_killed() -> None:
+    """A launcher that exits leaves its scheduler behind; stop() still kills its whole process group."""
+    import os
+    import time
+
+    server = _server(ORPHANING)
+    with pytest.raises(ServerStartError):  # it exits without serving /health
+        server.start(timeout_s=30)
+    child = int(server.log_text().split("child", 1)[1].split()[0])
+    os.kill(child, 0)  # positive control: the child outlived its launcher
+    server.stop()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child {child} of the exited launcher is still running")
+    server.log_path.unlink(missing_ok=True)
