@@ -9,10 +9,15 @@
 # are not installed.
 #
 # requirements/runtime.txt pins the CPU build of torch (2.13.0+cpu), which is published on the
-# PyTorch CPU index, hence TORCH_INDEX_URL. A GPU image needs a CUDA package set: build it with
-#   --build-arg RUNTIME_REQUIREMENTS=<file with the CUDA set> --build-arg TORCH_INDEX_URL=<cuda index>
-# and tag it differently (the gpu overlay expects ghcr.io/example/sglang-iso:0.1.0-cuda).
-FROM python:3.11.11-slim-bookworm
+# PyTorch CPU index, hence TORCH_INDEX_URL. The GPU image (the gpu overlay's tag) installs the pinned CUDA
+# set, requirements/cuda.txt (CPython 3.12, torch 2.14.1 with CUDA 13 from PyPI; test/deploy/test_cuda_set.py
+# checks that pip resolves exactly that set for Linux x86_64), on a Python 3.12 base:
+#   docker build -t ghcr.io/example/sglang-iso:0.1.0-cuda \
+#     --build-arg BASE_IMAGE=python:3.12.12-slim-bookworm \
+#     --build-arg RUNTIME_REQUIREMENTS=requirements/cuda.txt --build-arg TORCH_INDEX_URL=https://pypi.org/simple .
+# (make image-gpu runs it; make image builds the CPU one.)
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ARG RUNTIME_REQUIREMENTS=requirements/runtime.txt
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu

@@ -3,7 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sglang-iso-installed
 
-.PHONY: install demo test test-fast lint clean
+.PHONY: install demo test test-fast lint clean image image-gpu
+IMAGE ?= ghcr.io/example/sglang-iso
+VERSION ?= 0.1.0
 
 install: $(STAMP)
 
@@ -23,6 +25,13 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff check python test scripts benchmark examples sgl-kernel-patches
 	$(VENV)/bin/mypy
+
+image:
+	docker build -t $(IMAGE):$(VERSION) .
+
+image-gpu:
+	docker build -t $(IMAGE):$(VERSION)-cuda --build-arg BASE_IMAGE=python:3.12.12-slim-bookworm \
+		--build-arg RUNTIME_REQUIREMENTS=requirements/cuda.txt --build-arg TORCH_INDEX_URL=https://pypi.org/simple .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -5,7 +5,7 @@
 #
 # Steps (each bounded by its own timeout and by the overall budget, BUDGET_S, default 470 s):
 #   env        GPU, driver, python, torch, triton versions (fails when CUDA is not available)
-#   install    the CUDA package set (requirements/gpu.txt): skipped when sglang already imports; from WHEELS
+#   install    the CUDA package set (requirements/cuda.txt, pinned): skipped when sglang already imports; from WHEELS
 #              (a folder of wheels, offline) when set; else pip with the package index
 #   kernels    pytest test/kernels on the GPU: scrub kernel, checked kv-index builder, the batched row check
 #              (the speculative-op stand-ins too when sglang imports)
@@ -97,7 +97,7 @@ elif [ -n "${WHEELS:-}" ]; then
 elif [ "$SMOKE" = 1 ]; then
   skip install "CPU smoke run"
 else
-  step install 180 "$PYTHON" -m pip install -q -r requirements/gpu.txt
+  step install 180 "$PYTHON" -m pip install -q -r requirements/cuda.txt
 fi
 
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -m gpu)
@@ -127,7 +127,7 @@ if have_sglang || [ "$SMOKE" = 1 ]; then
       --serving-pool 8388608 --requests 32 --repeat-count 10 --plot "" --json "$RESULTS_DIR/owner_check_serving.json"
   fi
 else
-  skip server "sglang with its CUDA kernels is not importable (install requirements/gpu.txt or set WHEELS)"
+  skip server "sglang with its CUDA kernels is not importable (install requirements/cuda.txt or set WHEELS)"
   skip serving "same"
 fi
 
