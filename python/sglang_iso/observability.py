@@ -35,6 +35,10 @@ def metrics_enabled() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+UNVERIFIED_TENANT = "unverified"
+"""``tenant`` label of isolation violations by requests whose namespace tag did not verify."""
+
+
 def metrics() -> dict[str, Any] | None:
     """The metric objects, created on first use in this process; None when metrics are off."""
     global _metrics
@@ -92,6 +96,9 @@ def metrics() -> dict[str, Any] | None:
             multiprocess_mode="livesum",
         ),
     }
+    # NOTE: a counter series must exist at 0 before its first increment, or increase() in an alert sees a series
+    # that starts at 1 and reports no increase: the unverified-tag series is made now, each tenant's on export.
+    _metrics["violations"].labels(tenant=UNVERIFIED_TENANT)
     return _metrics
 
 

@@ -131,6 +131,8 @@ class CacheReport:
                     loaded = self._delta(f"{owner}/{tier}_loaded", int(row.get(f"{tier}_loaded_tokens") or 0))
                     if loaded:
                         m["tier_loaded_tokens"].labels(tenant=owner, tier=tier).inc(loaded)
+            if m is not None:
+                m["violations"].labels(tenant=owner)  # the series exists at 0 before any violation (alerts)
             for field, metric in (("evicted_tokens", "evicted_tokens"), ("violations", "violations")):
                 delta = self._delta(f"{owner}/{field}", int(row[field] or 0))
                 if delta and m is not None:
@@ -140,7 +142,7 @@ class CacheReport:
         rejected = self._delta("unverified/violations", c.resolver.rejected_tags)
         if rejected:
             if m is not None:
-                m["violations"].labels(tenant="unverified").inc(rejected)
+                m["violations"].labels(tenant=observability.UNVERIFIED_TENANT).inc(rejected)
             observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
         if c.scrubber is not None:
             scrubbed = self._delta("scrubbed_pages", c.scrubber.scrubbed_pages)

@@ -53,6 +53,10 @@ STATE_TENANT = "sglang_iso_tenant"
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
 METRICS_PATH = "/metrics"
+METRICS_ACCEPT = b"text/plain; version=0.0.4"
+"""What a /metrics request asks for, whatever the scraper sent: in the text format metric names keep their colons
+(``sglang_iso:cached_tokens_total``), while prometheus_client answers an OpenMetrics request without UTF-8
+escaping (Prometheus 2.x) with ``sglang_iso_cached_tokens_total``, which no dashboard or alert would find."""
 
 TENANT_PATHS = frozenset(
     {
@@ -148,6 +152,8 @@ class TenantGate:
             await self._refuse_socket(scope, receive, send)
             return
         path = str(scope.get("path", ""))
+        if path == METRICS_PATH:
+            scope = _text_format(scope)
         if path in OPEN_PATHS or (path == METRICS_PATH and not self.metrics_need_admin):
             await self.app(scope, receive, send)
             return
@@ -472,6 +478,12 @@ def _gone(receive: Receive) -> Callable[[], Awaitable[object]]:
         return message
 
     return wait
+
+
+def _text_format(scope: Scope) -> Scope:
+    """``scope`` with its Accept header replaced by :data:`METRICS_ACCEPT`."""
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept"]
+    return {**scope, "headers": [*headers, (b"accept", METRICS_ACCEPT)]}
 
 
 def _refused(reason: str, path: str, tenant: str | None = None) -> None:

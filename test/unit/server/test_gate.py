@@ -167,6 +167,20 @@ def test_websocket_is_refused_before_the_app(gate) -> None:  # type: ignore[no-u
     assert not seen
 
 
+def test_metrics_are_asked_for_in_the_text_format(gate) -> None:  # type: ignore[no-untyped-def]
+    """An OpenMetrics scrape (Prometheus 2.x) would get metric names with colons escaped to underscores."""
+    g, seen = gate
+    openmetrics = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    for key in (None, KEYS["admin"]):
+        g.metrics_need_admin = key is not None
+        assert call(g, "/metrics", method="GET", key=key, accept=openmetrics)[0] == 200
+        accepts = [v for k, v in seen[-1]["scope"]["headers"] if k == b"accept"]
+        assert accepts == [b"text/plain; version=0.0.4"], accepts
+    # Positive control: other paths keep the client's Accept header.
+    assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"], accept="text/event-stream")[0] == 200
+    assert [v for k, v in seen[-1]["scope"]["headers"] if k == b"accept"] == [b"text/event-stream"]
+
+
 def test_metrics_need_the_admin_key_when_asked(gate) -> None:  # type: ignore[no-untyped-def]
     g, _ = gate
     assert call(g, "/metrics", method="GET")[0] == 200  # default: open, as upstream

@@ -13,6 +13,20 @@ def enabled() -> bool:
     return observability.metrics() is not None or observability.audit_logger() is not None
 
 
+def init_tenant_series(tenant_ids: list[str]) -> None:
+    """Make every tenant's token-counter series at 0 before its first request.
+
+    NOTE: a series first scraped with all of a burst already counted shows no increase to ``rate()``; series that
+    exist at 0 from the start (and for tenants added by a reload) do.
+    """
+    m = observability.metrics()
+    if m is None:
+        return
+    for tenant in tenant_ids:
+        m["prompt_tokens"].labels(tenant=tenant)
+        m["cached_tokens"].labels(tenant=tenant)
+
+
 def short_namespace(tag: Any) -> str | None:
     """``iso1.<owner>.<namespace id>.<mac>``: the first 12 hex chars of the id identify it in logs."""
     parts = tag.split(".") if isinstance(tag, str) else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglang_iso.integration.front import metrics
 from sglang_iso.server.rate_limits import RateLimiter
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig
@@ -25,6 +26,7 @@ class FrontState:
         """Bumped after every weight update: part of the model fingerprint, so old entries never match."""
         self.tagger = self._make_tagger()
         """Tags requests for :attr:`config` and the current weights."""
+        metrics.init_tenant_series(list(config.tenants))
         self.served: dict[str, dict[str, int]] = {}
         """Tenant -> ``requests``, ``prompt_tokens`` and ``cached_tokens`` its finished requests were served (counted
         from the outputs this process sent; mutated by the request handlers on the event loop)."""
@@ -35,6 +37,7 @@ class FrontState:
         """A reloaded tenants file takes effect for new requests."""
         self.config = config
         self.tagger = self._make_tagger()
+        metrics.init_tenant_series(list(config.tenants))
 
     def bump_weights(self) -> None:
         """The model's weights changed: every later tag names a new namespace."""
