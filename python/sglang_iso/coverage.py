@@ -23,7 +23,7 @@ check returns the message fragment that names the flag, or None. Rows of a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -323,13 +323,20 @@ def _pd_without_tenants(f: Features) -> str | None:
     return "--disaggregation-mode needs --tenants-file: its namespace secret keys the transfer tag"
 
 
-def _bypass_flag(flag: str) -> Callable[[Features], str | None]:
+def _bypass(
+    name: str, present: Callable[[Features], Collection[str]], message: str
+) -> Callable[[Features], str | None]:
+    """A check refusing ``message`` when ``name`` is among ``present(features)`` on a server with a tenants file."""
+
     def check(f: Features) -> str | None:
-        if not f.tenants_file or flag not in f.bypass_flags:
-            return None
-        return f"{flag} cannot be used with --tenants-file: {BYPASS_FLAGS[flag]}"
+        return message if f.tenants_file and name in present(f) else None
 
     return check
+
+
+def _bypass_flag(flag: str) -> Callable[[Features], str | None]:
+    message = f"{flag} cannot be used with --tenants-file: {BYPASS_FLAGS[flag]}"
+    return _bypass(flag, lambda f: f.bypass_flags, message)
 
 
 def _tokenizer_workers(f: Features) -> str | None:
@@ -339,12 +346,8 @@ def _tokenizer_workers(f: Features) -> str | None:
 
 
 def _bypass_env(name: str) -> Callable[[Features], str | None]:
-    def check(f: Features) -> str | None:
-        if not f.tenants_file or name not in f.bypass_env:
-            return None
-        return f"environment variable {name} cannot be set with --tenants-file: {BYPASS_ENV[name]}"
-
-    return check
+    message = f"environment variable {name} cannot be set with --tenants-file: {BYPASS_ENV[name]}"
+    return _bypass(name, lambda f: f.bypass_env, message)
 
 
 def _hybrid_swa(f: Features) -> str | None:
