@@ -262,8 +262,7 @@ class TenantGate:
                 f"{adapter_refusal.field}: {adapter_refusal.reason}.", kind, param=adapter_refusal.field,
             )  # fmt: skip
             return
-        rated = self.rates is not None and self.rates.limits(tenant).any
-        verdict, budget_field = self._rate(tenant, checked) if rated else (None, "")
+        verdict, budget_field = self._rate(tenant, checked)
         if verdict is not None and not verdict.admitted:
             await self._rate_refusal(send, tenant, verdict, budget_field, str(scope.get("path", "")))
             return
@@ -301,11 +300,12 @@ class TenantGate:
 
     def _rate(self, tenant: str, body: bytes) -> tuple[Verdict | None, str]:
         """Charge ``tenant``'s rate limits for one checked body (its reservation: :mod:`.rate_limits`); the verdict
-        and the body's budget field."""
-        if self.rates is None:
+        and the body's budget field; no verdict for a tenant without rate limits."""
+        limits = self.rates.limits(tenant) if self.rates is not None else None
+        if self.rates is None or limits is None or not limits.any:
             return None, ""
         tokens, field = 0, ""
-        if self.rates.limits(tenant).tokens_per_minute is not None:
+        if limits.tokens_per_minute is not None:
             try:
                 obj = json.loads(body) if body else {}
             except (ValueError, RecursionError):
