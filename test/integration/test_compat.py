@@ -104,3 +104,15 @@ def test_standalone_worker_inherits_the_checked_entry_and_sets_the_step_width() 
     source = inspect.getsource(StandaloneWorkerV2.__init__)
     for attr in ("speculative_num_steps", "topk", "speculative_num_draft_tokens", "adaptive_controller"):
         assert f"self.{attr} =" in source or f"self.{attr}:" in source, attr
+
+
+def test_test_plugin_targets_resolve_and_bind() -> None:
+    # The forged-tag plugin (the monitoring e2e's planted violation) hooks the scheduler's request intake: if SGLang
+    # renames it, the e2e would fail on a missing alert rather than say why.
+    from sglang_iso_testing import forge_tag
+
+    module, _, attr = forge_tag.TARGET.rpartition(".")
+    owner, _, method = module.rpartition(".")
+    target = getattr(getattr(pkgutil.resolve_name(owner), method), attr)
+    assert "recv_req" in inspect.signature(target).parameters
+    inspect.signature(forge_tag.forge_before).bind("scheduler", "recv_req")
