@@ -3,6 +3,7 @@
 Usage::
 
     python benchmark/serving.py [--requests N] [--concurrency 1,4] [--tenants 4] [--prefix-tokens 1024] ...
+    python benchmark/serving.py --family deepseek ...   # MLA + MoE (a tiny DeepSeek-V3-shaped model)
 
 Workloads (both "generated shared prefix": a long shared prefix + a random suffix per request):
 
@@ -42,7 +43,9 @@ import tokenizers
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
 
+FAMILIES = ("llama", "deepseek")
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""
 SERVERS = ("upstream", "iso")
@@ -207,9 +210,8 @@ def write_tenants(directory: Path, n: int) -> tuple[Path, list[str]]:
     return path, keys
 
 
-def start(name: str, tenants_file: Path) -> ServerProcess:
+def start(name: str, tenants_file: Path, model: Path) -> ServerProcess:
     port = free_port()
-    model = tiny_model_path()
     if name == "upstream":
         argv = baseline_server_argv(port, model, *SIZES)
     else:
@@ -225,7 +227,7 @@ def bench_server(
     workloads: dict[tuple[str, int], list[Request]],
     levels: list[int],
 ) -> list[LevelStats]:
-    server = start(name, tenants_file)
+    server = start(name, tenants_file, args.model_dir)
     out: list[LevelStats] = []
     try:
         keys: list[str | None] = list(iso_keys) if name == "iso" else [None]
@@ -308,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="benchmark/serving.png", help="PNG path (needs matplotlib)")
     p.add_argument("--json", default="", help="also write the raw numbers here")
+    p.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="llama",
+        help="llama: the bundled dense model; deepseek: a tiny DeepSeek-V3-shaped MLA + MoE model written at start",
+    )
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
     workload_names = [w for w in args.workloads.split(",") if w]
@@ -334,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     stats: list[LevelStats] = []
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-") as tmp:
         tenants_file, keys = write_tenants(Path(tmp), args.tenants)
+        args.model_dir = tiny_model_path() if args.family == "llama" else write_tiny_deepseek(Path(tmp) / "deepseek")
+        print(f"model family {args.family}: {args.model_dir}")
         for name in servers:
             t0 = time.monotonic()
             stats += bench_server(name, args, tenants_file, keys, work, levels)

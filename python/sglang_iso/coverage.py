@@ -105,12 +105,25 @@ class Features:
     """The model has sliding-window layers beside full attention (known at the scheduler only)."""
     hybrid_ssm: bool = False
     """The model has SSM/Mamba layers (known at the scheduler only)."""
+    dsa: bool = False
+    """The model uses DSA sparse attention (at the launcher: read from a local model directory's config)."""
+    kv_pool_class: str | None = None
+    """The class name of the scheduler's KV pool (None: not known at this stage)."""
+    unscrubbed_tensors: frozenset[str] = frozenset()
+    """Tensors of the KV pool that scrub-on-free does not zero (``Class.attribute``; empty with scrub off)."""
 
     @classmethod
     def from_argv(
-        cls, argv: Sequence[str], env: Mapping[str, str], *, kv_owner_check: bool, tenants_file: bool
+        cls,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        kv_owner_check: bool,
+        tenants_file: bool,
+        model_config: Mapping[str, Any] | None = None,
     ) -> Features:
-        """The features of an SGLang command line (the launcher's, before it rewrites the storage flag)."""
+        """The features of an SGLang command line (the launcher's, before it rewrites the storage flag);
+        ``model_config`` is the model directory's ``config.json`` when it is local."""
         threshold = flag_value(argv, "--disaggregation-decode-host-receive-threshold")
         return cls(
             stage="launch",
@@ -130,6 +143,7 @@ class Features:
             bypass_flags=frozenset(f for f in BYPASS_FLAGS if has_flag(argv, f)),
             tokenizer_workers=flag_value(argv, "--tokenizer-worker-num"),
             bypass_env=frozenset(n for n in BYPASS_ENV if env.get(n, "").lower() in ("1", "true", "yes")),
+            dsa=is_dsa_config(model_config or {}),
         )
 
     @classmethod
@@ -142,8 +156,11 @@ class Features:
         hierarchical_cache: bool | None = None,
         hybrid_swa: bool = False,
         hybrid_ssm: bool = False,
+        dsa: bool = False,
+        kv_pool_class: str | None = None,
+        unscrubbed_tensors: frozenset[str] = frozenset(),
     ) -> Features:
-        """The features of SGLang's ``ServerArgs`` (read by attribute; model facts from the caller)."""
+        """The features of SGLang's ``ServerArgs`` (read by attribute; model and pool facts from the caller)."""
         get = lambda name: getattr(server_args, name, None)  # noqa: E731
         algorithm = get("speculative_algorithm")
         return cls(
@@ -162,6 +179,9 @@ class Features:
             tenants_file=tenants_file,
             hybrid_swa=hybrid_swa,
             hybrid_ssm=hybrid_ssm,
+            dsa=dsa,
+            kv_pool_class=kv_pool_class,
+            unscrubbed_tensors=unscrubbed_tensors,
         )
 
 
@@ -213,6 +233,100 @@ def explain(found: Sequence[Refusal]) -> str:
     if owner:
         parts.append(f"--kv-owner-check on does not cover {'; '.join(owner)}; drop it or pass --kv-owner-check off")
     return "; ".join(parts)
+
+
+class Family(NamedTuple):
+    """One model family and the KV pool class SGLang gives it."""
+
+    family: str
+    """The models, as the README's model-family table names them."""
+    pool: str
+    """SGLang's KV pool class (the exact class: a subclass is another row)."""
+    status: Literal["served with tenants", "served", "refused"]
+    """``served with tenants``: shown end to end on CPU; ``served``: GPU-only parts shown at pool level on CPU."""
+    shown_by: str
+    """Where it is shown, or why it is refused."""
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "dense attention (GQA/MHA): Llama, Qwen, Mistral, GLM-4.5/4.6",
+        "MHATokenToKVPool",
+        "served with tenants",
+        "every e2e test (`test/e2e/`)",
+    ),
+    Family(
+        "dense attention, FP4 KV cache", "MHATokenToKVPoolFP4", "served", "`test/integration/test_pool_coverage.py`"
+    ),
+    Family(
+        "dense attention, MXFP8 KV cache", "MHATokenToKVPoolMXFP8", "served", "`test/integration/test_pool_coverage.py`"
+    ),
+    Family(
+        "MLA and MoE, with MTP: DeepSeek-V3/R1, Kimi K2, GLM-4.7-Flash",
+        "MLATokenToKVPool",
+        "served with tenants",
+        "`test/e2e/test_mla.py`",
+    ),
+    Family("MLA, FP4 KV cache", "MLATokenToKVPoolFP4", "served", "`test/integration/test_pool_coverage.py`"),
+    Family(
+        "DSA sparse attention: GLM-5, DeepSeek-V3.2",
+        "DSATokenToKVPool",
+        "refused",
+        "the indexer's page-indexed key cache and compress tails are not scrubbed yet",
+    ),
+    Family(
+        "hybrid SWA: gpt-oss, Llama 4, MiMo-V2, Gemma 4", "SWAKVPool", "refused", "two sub-pools joined by an index map"
+    ),
+    Family(
+        "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",
+        "HybridLinearKVPool",
+        "refused",
+        "per-request recurrent state in a `MambaPool`",
+    ),
+    Family("anything else", "any other class", "refused", "an unknown pool fails closed"),
+)
+"""Model families by KV pool class, in the order the README's model-family table lists them."""
+
+COVERED_POOLS: frozenset[str] = frozenset(f.pool for f in FAMILIES if f.status != "refused")
+"""The KV pool classes the tenant cache serves with (exact class names)."""
+
+DSA_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+    }
+)
+"""Architectures SGLang runs with DSA sparse attention when their config has ``index_topk``
+(``is_deepseek_dsa`` in the pinned wheel; ``test/integration/test_compat.py`` compares the two)."""
+
+
+def is_dsa_config(config: Mapping[str, Any]) -> bool:
+    """True when a model's ``config.json`` (as a dict) describes a DSA model, as SGLang decides it."""
+    architectures = config.get("architectures")
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    return first in DSA_ARCHITECTURES and config.get("index_topk") is not None
+
+
+def families_markdown() -> str:
+    """The README's model-family table (``test/unit/test_coverage.py`` compares the two)."""
+    lines = ["| model family | SGLang KV pool | status | shown by / why |", "|---|---|---|---|"]
+    for f in FAMILIES:
+        pool = f.pool if f.pool == "any other class" else f"`{f.pool}`"
+        lines.append(f"| {f.family} | {pool} | {f.status} | {f.shown_by} |")
+    return "\n".join(lines)
 
 
 def table_markdown() -> str:
@@ -358,6 +472,22 @@ def _hybrid_ssm(f: Features) -> str | None:
     return "hybrid SSM/Mamba model" if f.hybrid_ssm else None
 
 
+def _dsa(f: Features) -> str | None:
+    return "DSA sparse attention models (their indexer's key cache is not scrubbed)" if f.dsa else None
+
+
+def _pool_class(f: Features) -> str | None:
+    if f.kv_pool_class is None or f.kv_pool_class in COVERED_POOLS:
+        return None
+    return f"the KV pool class {f.kv_pool_class} (not in the model-family table)"
+
+
+def _unscrubbed(f: Features) -> str | None:
+    if not f.unscrubbed_tensors:
+        return None
+    return f"KV pool tensors scrub-on-free does not zero ({', '.join(sorted(f.unscrubbed_tensors))})"
+
+
 def _speculative(f: Features) -> str | None:
     return uncovered_speculative(f.speculative_algorithm)
 
@@ -429,6 +559,9 @@ ROWS: tuple[Row, ...] = (
     *(Row(f"`{name}=1` with a tenants file", _L, "launch", _bypass_env(name)) for name in BYPASS_ENV),
     Row("hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...)", _S, "tree", _hybrid_swa),
     Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _S, "tree", _hybrid_ssm),
+    Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...)", _LS, "tree", _dsa),
+    Row("a KV pool class outside the model-family table", _S, "tree", _pool_class),
+    Row("a KV pool tensor that scrub-on-free does not zero", _S, "tree", _unscrubbed),
     Row(f"`--speculative-algorithm` other than {_ALGORITHMS}", _S, "tree", _speculative),
     Row("a speculative draft model with `--enable-hierarchical-cache`", _S, "tree", _draft_with_hicache),
     Row("an SGLang L3 storage backend reaching the scheduler", _S, "tree", _storage_reaching_sglang),

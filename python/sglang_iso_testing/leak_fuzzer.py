@@ -71,7 +71,8 @@ class FuzzReport:
     errors: list[str] = field(default_factory=list)
 
 
-def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
+def write_tenants(directory: Path, *, lora: bool = True) -> tuple[Path, list[Tenant], str]:
+    """The fuzzer's tenants file (and, with ``lora``, its adapters for the bundled model) in ``directory``."""
     rng = random.Random(7)
     plan = [
         ("t1", "private"),
@@ -87,7 +88,8 @@ def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
         canary = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(3)]
         owner = cache.split(":", 1)[1] if cache.startswith("group:") else tid
         reads_shared = tid in ("t1", "t2", "g1a", "g1b")
-        tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, reads_shared, ADAPTERS.get(tid, ())))
+        adapters = ADAPTERS.get(tid, ()) if lora else ()
+        tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, reads_shared, adapters))
     (directory / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(admin)}"]']
     for t in tenants:
@@ -95,7 +97,7 @@ def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
         if t.id == "t2":
             lines.append("quota_tokens = 900")
         lines.append("adapters = [" + ", ".join(f'"{a}"' for a in t.adapters) + "]")
-    for name, seed in ADAPTER_SEEDS.items():
+    for name, seed in ADAPTER_SEEDS.items() if lora else ():
         write_tiny_adapter(directory / "adapters" / name, seed=seed)
     readers = ", ".join(f'"{t.id}"' for t in tenants if t.reads_shared)
     lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', f"tenants = [{readers}]"]
@@ -104,13 +106,15 @@ def write_tenants(directory: Path) -> tuple[Path, list[Tenant], str]:
     return path, tenants, admin
 
 
-def server_flags(tenants_file: Path) -> tuple[str, ...]:
+def server_flags(tenants_file: Path, *, lora: bool = True) -> tuple[str, ...]:
     # A pool of ~10 long prompts: eviction and quota pressure happen all the time.
+    pool = ("--tenants-file", str(tenants_file), "--max-total-tokens", "2048", "--max-running-requests", "8")
+    if not lora:
+        return pool
     # Three adapters, two per batch: adapter slots are swapped under load too.
     adapters = [f"{name}={tenants_file.parent / 'adapters' / name}" for name in ADAPTER_SEEDS]
     return (
-        "--tenants-file", str(tenants_file), "--max-total-tokens", "2048", "--max-running-requests", "8",
-        "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "8",
+        *pool, "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "8",
         "--lora-target-modules", "q_proj", "v_proj", "--lora-paths", *adapters,
     )  # fmt: skip
 

@@ -8,6 +8,7 @@ server's process group.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
                     report.sections.append((f"server log ({label})", server.log_tail(150)))
 
 
-def start_iso_server(*extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+def start_iso_server(*extra: str, env: dict[str, str] | None = None, model: Path | None = None) -> ServerProcess:
+    """A server of ``model`` (default: the bundled one) with the CPU pool sizes and ``extra`` flags (not started)."""
     port = free_port()
-    return ServerProcess(iso_server_argv(port, tiny_model_path(), *CPU_SIZES, *extra), port, env=env)
+    return ServerProcess(iso_server_argv(port, model or tiny_model_path(), *CPU_SIZES, *extra), port, env=env)
 
 
 @pytest.fixture(scope="module")

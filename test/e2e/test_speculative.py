@@ -85,11 +85,13 @@ def _generate(server: ServerProcess, key: str, ids: list[int], new_tokens: int =
     return out
 
 
-def _greedy_one_by_one(server: ServerProcess, key: str, ids: list[int]) -> tuple[list[int], list[float]]:
+def _greedy_one_by_one(
+    server: ServerProcess, key: str, ids: list[int], new_tokens: int = NEW_TOKENS
+) -> tuple[list[int], list[float]]:
     """The greedy continuation one prefill at a time, with the logprob gap between the top two tokens of each step."""
     out: list[int] = []
     gaps: list[float] = []
-    for _ in range(NEW_TOKENS):
+    for _ in range(new_tokens):
         status, got = server.post(
             "/generate",
             {"input_ids": ids + out, "return_logprob": True, "top_logprobs_num": 2,

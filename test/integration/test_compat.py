@@ -13,6 +13,7 @@ import pytest
 from sglang.srt.plugins.hook_registry import HookType
 
 import sglang_iso
+from sglang_iso import coverage
 from sglang_iso.integration import hook_table
 from sglang_iso.integration.symbols import HOOKED_SYMBOLS, PINNED_SGLANG_VERSION
 
@@ -116,3 +117,18 @@ def test_test_plugin_targets_resolve_and_bind() -> None:
     target = getattr(getattr(pkgutil.resolve_name(owner), method), attr)
     assert "recv_req" in inspect.signature(target).parameters
     inspect.signature(forge_tag.forge_before).bind("scheduler", "recv_req")
+
+
+def test_dsa_architectures_are_those_sglang_runs_with_dsa() -> None:
+    from sglang.srt.configs import model_config
+
+    source = inspect.getsource(model_config.is_deepseek_dsa)
+    named = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    wheel = {name for name in named if name.endswith(("ForCausalLM", "ForCausalLMNextN", "ForConditionalGeneration",
+                                                       "ForConditionalGenerationNextN"))}  # fmt: skip
+    assert wheel == set(coverage.DSA_ARCHITECTURES)
+    for arch in sorted(wheel):
+        config = {"architectures": [arch], "index_topk": 2048}
+        assert model_config.is_deepseek_dsa(config) and coverage.is_dsa_config(config), arch
+        del config["index_topk"]
+        assert not model_config.is_deepseek_dsa(config) and not coverage.is_dsa_config(config), arch

@@ -60,7 +60,7 @@ def test_factory_refuses_a_draft_model_with_the_host_tier(algorithm: str, monkey
     monkeypatch.setattr(HookRegistry, "_patched", {*HookRegistry._patched, *REQUIRED_HOOK_TARGETS})
     ctx = SimpleNamespace(
         server_args=SimpleNamespace(speculative_algorithm=algorithm), params=SimpleNamespace(is_eagle=True),
-        is_hybrid_swa=False, is_hybrid_ssm=False, enable_hierarchical_cache=True,
+        is_hybrid_swa=False, is_hybrid_ssm=False, is_dsa=False, enable_hierarchical_cache=True,
     )  # fmt: skip
     with pytest.raises(backend.UnsupportedConfigError, match=f"{algorithm} with --enable-hierarchical-cache"):
         backend.build_tenant_cache(ctx)  # type: ignore[arg-type]

@@ -22,6 +22,38 @@ def test_readme_lists_exactly_the_table() -> None:
     assert len({row.feature for row in coverage.ROWS}) == len(coverage.ROWS)  # one name, one row
 
 
+def test_readme_lists_exactly_the_model_families() -> None:
+    found = re.search(r"<!-- family-table -->\n(.*?)\n<!-- /family-table -->", README.read_text(), re.S)
+    assert found is not None, "README has no model-family table block"
+    assert found.group(1) == coverage.families_markdown()
+    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"DSATokenToKVPool", "SWAKVPool"}
+
+
+@pytest.mark.parametrize("pool", sorted(coverage.COVERED_POOLS))
+def test_served_pool_classes_pass_and_others_are_refused_by_name(pool: str) -> None:
+    assert refusals(Features("scheduler", kv_pool_class=pool)) == []
+    found = refusals(Features("scheduler", kv_pool_class=pool + "V2"))
+    assert [r.feature for r in found] == ["a KV pool class outside the model-family table"]
+    assert f"{pool}V2" in coverage.explain(found)
+
+
+@pytest.mark.parametrize(
+    ("config", "dsa"),
+    [
+        ({"architectures": ["DeepseekV3ForCausalLM"], "index_topk": 2048}, True),
+        ({"architectures": ["GlmMoeDsaForCausalLM"], "index_topk": 2048}, True),
+        ({"architectures": ["DeepseekV3ForCausalLM"]}, False),  # MLA, not DSA: served
+        ({"architectures": ["LlamaForCausalLM"], "index_topk": 8}, False),
+        ({"architectures": "DeepseekV32ForCausalLM", "index_topk": 8}, False),  # not a list: no DSA for SGLang either
+        ({}, False),
+    ],
+)
+def test_the_launcher_reads_dsa_from_the_model_config(config: dict, dsa: bool) -> None:
+    features = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config)
+    assert features.dsa is dsa
+    assert bool(refusals(features)) is dsa
+
+
 def test_every_row_refuses_something_and_the_default_server_nothing() -> None:
     """Each row has a configuration that trips it (so no row is dead), and a plain server trips none."""
     assert refusals(Features("launch")) == [] and refusals(Features("scheduler")) == []
@@ -37,7 +69,14 @@ def _probes(stage: Stage) -> list[Features]:
     pd = {"disaggregation_mode": "decode", "pd_flags": frozenset(coverage.UNCOVERED_PD_FLAGS)}
     pd_more = {"decode_retraction_backup": "host_pool", "decode_host_receive_threshold": "0.5"}
     hicache = {"hierarchical_cache": True, "storage_backend": "mooncake", "host_memory_mode": "buffer_only"}
-    model = {"dllm_algorithm": "LowConfidence", "hybrid_swa": True, "hybrid_ssm": True}
+    model = {
+        "dllm_algorithm": "LowConfidence",
+        "hybrid_swa": True,
+        "hybrid_ssm": True,
+        "dsa": True,
+        "kv_pool_class": "DSATokenToKVPool",
+        "unscrubbed_tensors": frozenset({"DSATokenToKVPool.index_key_cache"}),
+    }
     bypass = {"bypass_flags": frozenset(coverage.BYPASS_FLAGS), "bypass_env": frozenset(coverage.BYPASS_ENV)}
     return [
         Features(stage, radix_cache_backend="flexkv"),

@@ -47,13 +47,18 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
         UnsupportedConfigError: a feature the coverage table refuses at the scheduler
-            (:mod:`sglang_iso.coverage`: hybrid SWA/Mamba models, uncovered speculative or HiCache setups,
+            (:mod:`sglang_iso.coverage`: DSA and hybrid SWA/Mamba models, KV pool classes outside the
+            model-family table or with tensors scrub-on-free does not zero, uncovered speculative or HiCache setups,
             owner-check gaps, PD without a tenants file).
     """
     missing = hook_table.missing(required=hook_table.Required.SCHEDULER)
     if missing:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
+    from sglang_iso.integration.scrub import uncovered_tensors
+
     config = tenants_config()
+    allocator = getattr(ctx.params, "token_to_kv_pool_allocator", None)
+    kvcache = allocator.get_kvcache() if allocator is not None else None
     features = coverage.Features.from_server_args(
         ctx.server_args,
         kv_owner_check=owner_check_mode() == "on" and not bool(getattr(ctx.params, "disable", False)),
@@ -61,6 +66,9 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         hierarchical_cache=bool(ctx.enable_hierarchical_cache),
         hybrid_swa=bool(ctx.is_hybrid_swa),
         hybrid_ssm=bool(ctx.is_hybrid_ssm),
+        dsa=bool(ctx.is_dsa),
+        kv_pool_class=None if kvcache is None else type(kvcache).__name__,
+        unscrubbed_tensors=frozenset() if kvcache is None or scrub_mode() != "on-free" else uncovered_tensors(kvcache),
     )
     refused = coverage.refusals(features)
     if refused:

@@ -30,6 +30,12 @@ class CacheReport:
         self._last_export = 0.0
         """``time.monotonic()`` of the last export."""
 
+    @property
+    def kv_pool(self) -> str | None:
+        """The class name of the KV pool the cache hands out (a row of ``coverage.FAMILIES``)."""
+        allocator = self.cache.token_to_kv_pool_allocator
+        return None if allocator is None else type(allocator.get_kvcache()).__name__
+
     def status(self) -> dict[str, Any]:
         """A JSON-safe summary for /get_server_info and the startup check."""
         c = self.cache
@@ -37,6 +43,7 @@ class CacheReport:
             "backend": self.backend,
             "impl": type(c).__name__,
             "page_size": c.page_size,
+            "kv_pool": self.kv_pool,
             "disabled": c.disable,
             "namespace_mode": c.resolver.mode,
             "evictable_tokens": c.evictable_size(),

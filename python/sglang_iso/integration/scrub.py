@@ -29,7 +29,9 @@ from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
-_BUFFER_ATTRS = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer", "kv_buffer")
+_BUFFER_ATTRS = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer", "kv_buffer", "kv_scale_buffer")
+_METADATA_ATTRS = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides"})
+"""Per-layer addresses and strides of the buffers above: no tenant data."""
 _ALLOC_METHODS = ("alloc", "alloc_extend", "alloc_decode")
 
 
@@ -144,3 +146,30 @@ def kv_buffers(kvcache: Any) -> list[torch.Tensor]:
         elif isinstance(value, list | tuple):
             out.extend(v for v in value if isinstance(v, torch.Tensor))
     return out
+
+
+def uncovered_tensors(kvcache: Any) -> frozenset[str]:
+    """``Class.attribute`` of every tensor a KV pool holds that scrub-on-free does not zero.
+
+    Everything but the buffers :func:`kv_buffers` returns and their address tables counts, in the pool and
+    one level into SGLang objects it holds (an index-key cache, a compress tail), so a pool that gains a
+    tensor in a new SGLang version is refused at start instead of keeping tenant data past a free.
+    """
+    name = type(kvcache).__name__
+    return frozenset(
+        f"{name}.{attr}"
+        for attr, value in vars(kvcache).items()
+        if attr not in _BUFFER_ATTRS and attr not in _METADATA_ATTRS and _holds_tensor(value, nested=True)
+    )
+
+
+def _holds_tensor(value: Any, *, nested: bool) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_holds_tensor(v, nested=nested) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v, nested=nested) for v in value.values())
+    if nested and type(value).__module__.startswith("sglang.") and hasattr(value, "__dict__"):
+        return any(_holds_tensor(v, nested=False) for v in vars(value).values())
+    return False

@@ -308,6 +308,36 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         (),
         "the CPU LoRA backend the launcher selects; its module is unpinned by platform/lora_cpu.py",
     ),
+    # Model families (coverage.FAMILIES; platform/mla_cpu.py).
+    HookedSymbol(
+        "sglang.srt.models.deepseek_common.attention_backend_handler:AttentionBackendRegistry.register",
+        ("backend_name", "handler_func"),
+        "platform/mla_cpu.py registers torch_native with the absorbed MLA path on CPU",
+    ),
+    HookedSymbol(
+        "sglang.srt.models.deepseek_common.attention_backend_handler:_dispatch_mla_subtype",
+        ("attn", "forward_batch"),
+        "the absorbed MLA method the CPU torch_native handler returns",
+    ),
+    HookedSymbol(
+        "sglang.srt.configs.model_config:is_deepseek_dsa",
+        ("config",),
+        "coverage.DSA_ARCHITECTURES mirrors it so the launcher refuses DSA models before SGLang starts",
+    ),
+    *(
+        HookedSymbol(
+            f"sglang.srt.mem_cache.memory_pool:{pool}",
+            (),
+            "a KV pool class the tenant cache serves with (coverage.FAMILIES); integration/scrub.py zeroes its buffers",
+        )
+        for pool in (
+            "MHATokenToKVPool",
+            "MHATokenToKVPoolFP4",
+            "MHATokenToKVPoolMXFP8",
+            "MLATokenToKVPool",
+            "MLATokenToKVPoolFP4",
+        )
+    ),
     # Host (L2) tier, --enable-hierarchical-cache (integration/host_cache.py).
     HookedSymbol(
         "sglang.srt.server_args:ServerArgs",

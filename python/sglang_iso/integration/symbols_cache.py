@@ -20,7 +20,7 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     (
         "sglang.srt.mem_cache.registry:TreeCacheBuildContext",
-        ("server_args", "params", "is_hybrid_swa", "is_hybrid_ssm", "enable_hierarchical_cache"),
+        ("server_args", "params", "is_hybrid_swa", "is_hybrid_ssm", "is_dsa", "enable_hierarchical_cache"),
         "the argument our factory receives",
     ),
     (

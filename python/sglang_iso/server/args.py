@@ -18,6 +18,7 @@ from typing import NamedTuple
 from sglang_iso import coverage
 from sglang_iso.constants import BACKEND_NAME as TENANT_BACKEND
 from sglang_iso.server.argv import flag_value, has_flag
+from sglang_iso.server.cpu_pool import local_model_config
 
 # (flag, value or None for a switch): SGLang flags the CPU default set adds.
 CPU_DEFAULTS: tuple[tuple[str, str | None], ...] = (
@@ -123,7 +124,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     added: list[str] = []
     env_added: list[tuple[str, str]] = []
     features = coverage.Features.from_argv(
-        sglang_argv, env or {}, kv_owner_check=ours.kv_owner_check == "on", tenants_file=ours.tenants_file is not None
+        sglang_argv,
+        env or {},
+        kv_owner_check=ours.kv_owner_check == "on",
+        tenants_file=ours.tenants_file is not None,
+        model_config=local_model_config(sglang_argv),
     )
     refused = coverage.refusals(features)
     if refused:

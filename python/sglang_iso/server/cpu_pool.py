@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sglang_iso.server.argv import flag_value as _value
 from sglang_iso.server.argv import has_flag as _has
@@ -50,14 +51,20 @@ def cpu_pool_flags(argv: Sequence[str]) -> list[str]:
     return ["--max-total-tokens", str(pool), *extra]
 
 
-def model_context_len(argv: Sequence[str]) -> int:
-    """The context length in the model directory's ``config.json`` (text config first), else the fallback."""
+def local_model_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The model directory's ``config.json`` when ``--model-path`` is a local directory, else ``{}``."""
     model = _value(argv, "--model-path") or _value(argv, "--model")
     config_file = Path(model) / "config.json" if model else None
     try:
         config = json.loads(config_file.read_text()) if config_file is not None and config_file.is_file() else {}
     except (OSError, ValueError):
         config = {}
+    return config if isinstance(config, dict) else {}
+
+
+def model_context_len(argv: Sequence[str]) -> int:
+    """The context length in the model directory's ``config.json`` (text config first), else the fallback."""
+    config = local_model_config(argv)
     for section in (config.get("text_config"), config):
         if isinstance(section, dict):
             for key in _CONTEXT_KEYS:
