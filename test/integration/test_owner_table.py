@@ -38,6 +38,7 @@ def _table(shared_reader: str = "ns-a") -> tuple[OwnerTable, SimpleNamespace]:
         device=torch.device("cpu"),
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(ROWS, WIDTH, dtype=torch.int32)),
         readable_shared=lambda ns: ["prompt"] if ns == shared_reader else [],
+        namespace_of=lambda ns: SimpleNamespace(owner={"ns-a": "acme", "ns-b": "globex"}.get(ns, ns)),
     )
     return OwnerTable(cache), cache
 
@@ -74,6 +75,7 @@ def test_foreign_slot_is_redirected_counted_and_its_request_aborted() -> None:
     rtt[2, 3] = 11  # b's row now points at a's page (old position: not adopted)
     table.check_batch(_batch([1, 2], [4, 4], [4, 4]))
     assert table.violations == 1 and table.violating_rows == {2}
+    assert table.violations_by_owner == {"globex": 1}  # the owner of the row that held the slot (metrics label)
     assert int(rtt[2, 3]) == table.zero_page * table.page_size  # reads the zero page now
     assert int(rtt[1, 1]) == 11  # a's own row untouched
     reqs = [_req(1), _req(2)]

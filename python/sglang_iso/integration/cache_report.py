@@ -151,6 +151,12 @@ class CacheReport:
             if m is not None:
                 m["violations"].labels(tenant=observability.UNVERIFIED_TENANT).inc(rejected)
             observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
+        for owner, refused in ({} if c.owners is None else c.owners.violations_by_owner).items():
+            delta = self._delta(f"{owner}/owner_violations", refused)
+            if delta:
+                if m is not None:
+                    m["violations"].labels(tenant=owner).inc(delta)
+                observability.audit("isolation_violation", tenant=owner, reason="foreign KV slot", count=delta)
         if c.scrubber is not None:
             scrubbed = self._delta("scrubbed_pages", c.scrubber.scrubbed_pages)
             if scrubbed and m is not None:

@@ -22,8 +22,6 @@ from sglang_iso.server.dp import tenant_rank
 
 logger = logging.getLogger(__name__)
 
-_owners: dict[str, str] | None = None  # tenant id -> namespace owner (group or id), read once per process
-
 
 def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``TokenizerManager.generate_request``: set ``obj.routed_dp_rank`` from the tenant."""
@@ -40,11 +38,11 @@ def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any
 
 
 def _owner_of(tenant: str) -> str:
-    """NOTE: read once; a tenant added by a reload routes by its id (only affinity, never isolation, differs)."""
-    global _owners
-    if _owners is None:
-        from sglang_iso.integration.frontend import tenants_config
+    """The tenant's namespace owner in the tenants config in force (a SIGHUP reload moves a tenant that joins or
+    leaves a group to the group's rank or its own); its id when the gate is not installed or it is unknown."""
+    from sglang_iso.integration.front import state
 
-        config = tenants_config()
-        _owners = {t.id: t.group or t.id for t in config.tenants.values()} if config is not None else {}
-    return _owners.get(tenant, tenant)
+    front = state.current()
+    config = front.config.tenants if front is not None else {}
+    entry = config.get(tenant)
+    return (entry.group or entry.id) if entry is not None else tenant

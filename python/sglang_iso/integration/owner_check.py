@@ -104,6 +104,8 @@ class OwnerTable:
         self._retired: list[torch.Tensor] = []
         self._pending: collections.deque[_Pending] = collections.deque()
         self.violations = 0
+        self.violations_by_owner: dict[str, int] = {}
+        """Refused slots by the namespace owner (tenant or group; ``"open"`` without one) whose row held them."""
         self.violating_rows: set[int] = set()
         self.draft_buffers: list[torch.Tensor] = []  # a draft model's KV buffers (same slots; spec_draft.py)
         self.draft_step_checks = 0  # speculative decode steps checked before any draft planning
@@ -310,6 +312,8 @@ class OwnerTable:
                 continue
             for row, refused in counts[:, bad].t().tolist():
                 self.violations += refused
+                owner = self._owner_name(int(self.row_owner[row]))
+                self.violations_by_owner[owner] = self.violations_by_owner.get(owner, 0) + refused
                 self.violating_rows.add(row)
                 logger.error(
                     "sglang-iso isolation-violation: %d foreign or free KV slots in row %d (owner slot %d); "
@@ -361,6 +365,12 @@ class OwnerTable:
     def namespace_of(self, slot: int) -> str | None:
         """The namespace holding owner ``slot`` (None for UNTAGGED or an unknown slot)."""
         return self._namespaces.get(slot)
+
+    def _owner_name(self, slot: int) -> str:
+        """The tenant (or group) owning the namespace of owner ``slot``, as metrics label it."""
+        ns = self.namespace_of(slot)
+        namespace = self.cache.namespace_of(ns) if ns is not None else None
+        return namespace.owner if namespace is not None else "open"
 
 
 def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""DP routing follows the tenants config in force: a reload that moves a tenant into a group moves its rank."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_iso.integration import dp_routing
+from sglang_iso.integration.front import state
+from sglang_iso.integration.frontend import TENANTS_FILE_ENV
+from sglang_iso.server.dp import tenant_rank
+from sglang_iso.server.gate import STATE_TENANT
+from sglang_iso.tenancy.config import load_tenants_file
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+DP = 4
+
+
+def _config(folder: Path, group: str | None):  # type: ignore[no-untyped-def]
+    folder.mkdir(exist_ok=True)
+    (folder / "s.key").write_bytes(secrets.token_bytes(32))
+    lines = ['namespace_secret_file = "s.key"', "[[tenants]]", 'id = "acme"',
+             f'key_sha256 = ["{key_sha256(new_api_key())}"]']  # fmt: skip
+    if group is not None:
+        lines.append(f'cache = "group:{group}"')
+    (folder / "t.toml").write_text("\n".join(lines) + "\n")
+    return load_tenants_file(str(folder / "t.toml"))
+
+
+def _routed(tenant: str | None) -> int | None:
+    manager = SimpleNamespace(server_args=SimpleNamespace(dp_size=DP))
+    obj = SimpleNamespace(routed_dp_rank=3)  # a client value: always overwritten
+    request = SimpleNamespace(state=SimpleNamespace(**({STATE_TENANT: tenant} if tenant else {})))
+    dp_routing.route_to_tenant_rank(manager, obj, request)
+    return obj.routed_dp_rank
+
+
+def test_rank_follows_a_reload_into_a_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    group = next(g for g in (f"g{i}" for i in range(100)) if tenant_rank(g, DP) != tenant_rank("acme", DP))
+    monkeypatch.setenv(TENANTS_FILE_ENV, str(tmp_path / "a" / "t.toml"))
+    monkeypatch.setattr(state, "_CURRENT", SimpleNamespace(config=_config(tmp_path / "a", None)))
+    assert _routed("acme") == tenant_rank("acme", DP)
+    assert _routed(None) is None  # no authenticated tenant: the load balancer decides, nothing shared
+    state._CURRENT.config = _config(tmp_path / "b", group)  # what a SIGHUP reload does (FrontState.replace_config)
+    assert _routed("acme") == tenant_rank(group, DP)
+    assert _routed("unknown") == tenant_rank("unknown", DP)
