@@ -12,6 +12,7 @@ Tools: kubectl (skipped with a reason when absent) and requirements/deploy.txt.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import shutil
 import subprocess
@@ -29,7 +30,8 @@ DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 KUBECTL = shutil.which("kubectl")
 
-OVERLAYS = ("gpu", "cpu-demo")
+OVERLAYS = ("gpu", "cpu-demo", "pd")
+GPU_OVERLAYS = ("gpu", "pd")
 # Kubernetes versions the rendered manifests must validate against: the kubectl we test with and
 # the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.32.0", "1.37.0")
@@ -44,7 +46,7 @@ TENANTS_MOUNT = "/etc/sglang-iso"
 QUEUE_METRIC = "sglang:num_queue_reqs"
 GPU = "nvidia.com/gpu"
 # failureThreshold * periodSeconds of the worker's startup probe, per overlay.
-STARTUP_BUDGET_S = {"gpu": 15 * 60, "cpu-demo": 5 * 60}
+STARTUP_BUDGET_S = {"gpu": 15 * 60, "cpu-demo": 5 * 60, "pd": 15 * 60}
 ALLOWED_ROUTER_POLICIES = {"manual", "round_robin"}
 # The one ingress peer besides the router: Prometheus pods in a namespace the operator labels.
 PROMETHEUS_NS_LABEL = "sglang-iso.example.com/metrics-scraper"
@@ -232,9 +234,10 @@ def check_tenants_mount(doc: Doc, secret_name: str = TENANTS_SECRET) -> list[str
     return errors
 
 
-def check_network_policy(docs: list[Doc], worker: Doc, router: Doc) -> list[str]:
+def check_network_policy(docs: list[Doc], worker: Doc, router: Doc, *, pd: bool = False) -> list[str]:
     """A NetworkPolicy selects the worker pods and admits, on the server port only, the router pods
-    (plus Prometheus pods from a namespace labelled for it); nothing else."""
+    (plus Prometheus pods from a namespace labelled for it); nothing else. With ``pd``, also worker pods
+    (prefill and decode pools: bootstrap and KV transfer), on TCP ports only."""
     worker_labels, router_labels = pod_labels(worker), pod_labels(router)
     policies = [
         d
@@ -254,6 +257,14 @@ def check_network_policy(docs: list[Doc], worker: Doc, router: Doc) -> list[str]
             ports = rule.get("ports") or []
             if not ports:
                 errors.append(f"{where}: all ports allowed")
+            peers_of_pd = [p.get("podSelector") for p in rule.get("from") or [] if set(p) == {"podSelector"}]
+            worker_peers = [sel for sel in peers_of_pd if selects(sel, worker_labels)]
+            if pd and worker_peers and len(worker_peers) == len(rule["from"]):
+                for pod_sel in worker_peers:
+                    if selects(pod_sel, router_labels):
+                        errors.append(f"{where}: PD peer {pod_sel} is not (only) the worker pods")
+                errors += [f"{where}: PD port {p} is not TCP" for p in ports if p.get("protocol", "TCP") != "TCP"]
+                continue
             for port in ports:
                 if port.get("port") not in (SERVER_PORT, "http") or port.get("protocol", "TCP") != "TCP":
                     errors.append(f"{where}: port {port} is not the server port")
@@ -602,8 +613,8 @@ def test_secrets_only_by_reference(docs: list[Doc], worker: Doc) -> None:
     assert check_tenants_mount(worker) == []
 
 
-def test_network_policy(docs: list[Doc], worker: Doc, router: Doc) -> None:
-    assert check_network_policy(docs, worker, router) == []
+def test_network_policy(docs: list[Doc], worker: Doc, router: Doc, overlay: str) -> None:
+    assert check_network_policy(docs, worker, router, pd=overlay == "pd") == []
 
 
 def test_images_pinned(docs: list[Doc]) -> None:
@@ -618,7 +629,7 @@ def test_security_context(docs: list[Doc]) -> None:
 
 def test_gpu_resources(docs: list[Doc], worker: Doc, overlay: str) -> None:
     assert [e for d in docs for e in check_gpu_resources(d, require_gpu=False)] == []
-    if overlay == "gpu":
+    if overlay in GPU_OVERLAYS:
         assert check_gpu_resources(worker, require_gpu=True) == []
     else:
         assert [e for d in docs for e in check_no_gpu(d)] == []
@@ -642,6 +653,58 @@ def test_router(router: Doc) -> None:
 
 def test_worker_services(docs: list[Doc], worker: Doc) -> None:
     assert check_worker_services(docs, worker) == []
+
+
+def selector_args(args: list[str], flag: str) -> dict[str, str]:
+    """``--prefill-selector k=v k=v ...`` (up to the next flag) as a label map."""
+    if flag not in args:
+        return {}
+    values = list(itertools.takewhile(lambda a: not a.startswith("--"), args[args.index(flag) + 1 :]))
+    return dict(v.split("=", 1) for v in values)
+
+
+def test_pd_overlay_pools_router_and_transfer_path() -> None:
+    """Prefill and decode pools the launcher accepts as they are, a PD router that finds each pool (and only it),
+    holds the router key by reference, and workers that reach each other for bootstrap and transfer."""
+    from sglang_iso.server.args import plan_launch
+
+    docs = kustomize(DEPLOY / "overlays" / "pd")
+    prefill, decode = find(docs, "StatefulSet", WORKER_NAME), find(docs, "StatefulSet", WORKER_NAME + "-decode")
+    router = find(docs, "Deployment", ROUTER_NAME)
+    p_labels, d_labels = pod_labels(prefill), pod_labels(decode)
+    assert not selects(prefill["spec"]["selector"], d_labels) and not selects(decode["spec"]["selector"], p_labels)
+    for pool, mode in ((prefill, "prefill"), (decode, "decode")):
+        args = container_args(containers(pod_spec(pool) or {})[0])
+        plan = plan_launch(args, cuda_available=True, env={})  # raises on anything the coverage table refuses
+        assert flag_value(plan.sglang_argv, "--disaggregation-mode") == mode
+        assert check_worker_args(pool) == [] and check_tenants_mount(pool) == []
+        assert check_gpu_resources(pool, require_gpu=True) == []
+        env = {e["name"]: e for e in containers(pod_spec(pool) or {})[0].get("env") or []}
+        assert env["SGLANG_HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    p_args = container_args(containers(pod_spec(prefill) or {})[0])
+    port = flag_value(p_args, "--disaggregation-bootstrap-port")
+    assert prefill["spec"]["template"]["metadata"]["annotations"]["sglang.ai/bootstrap-port"] == port
+    r_args = container_args(containers(pod_spec(router) or {})[0])
+    assert "--pd-disaggregation" in r_args and check_router(router) == []
+    p_sel, d_sel = selector_args(r_args, "--prefill-selector"), selector_args(r_args, "--decode-selector")
+    assert selects({"matchLabels": p_sel}, p_labels) and not selects({"matchLabels": p_sel}, d_labels)
+    assert selects({"matchLabels": d_sel}, d_labels) and not selects({"matchLabels": d_sel}, p_labels)
+    assert (flag_value(r_args, "--tenants-file") or "").startswith(TENANTS_MOUNT + "/")
+    assert check_tenants_mount(router) == []
+    r_env = {e["name"]: e for e in containers(pod_spec(router) or {})[0].get("env") or []}
+    assert "secretKeyRef" in r_env["SGLANG_ISO_ROUTER_KEY"]["valueFrom"]  # the router key, by reference only
+    assert check_secret_references(docs) == []
+    peers = [
+        (rule, peer)
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and selects(d["spec"]["podSelector"], d_labels)
+        for rule in d["spec"].get("ingress") or []
+        for peer in rule.get("from") or []
+        if selects(peer.get("podSelector"), p_labels) and "namespaceSelector" not in peer
+    ]
+    assert any(int(port) in [p.get("port") for p in rule.get("ports") or []] for rule, _ in peers), peers
+    assert check_network_policy(docs, prefill, router, pd=True) == []
+    assert check_network_policy(docs, prefill, router) != []  # control: without pd, worker peers are refused
 
 
 def test_no_secret_files_committed() -> None:
