@@ -30,8 +30,8 @@ from sglang_iso.integration.tenant_cache import TenantRadixCache
 SIZE, PAGE, LAYERS, POISON = 64, 4, 2, 7.0
 
 
-def _pool() -> MHATokenToKVPool:
-    return MHATokenToKVPool(
+def _pool(cls: type[MHATokenToKVPool] = MHATokenToKVPool) -> MHATokenToKVPool:
+    return cls(
         size=SIZE, page_size=PAGE, dtype=torch.float32, head_num=2, head_dim=4, layer_num=LAYERS, device="cpu",
         enable_memory_saver=False,
     )  # fmt: skip
@@ -116,8 +116,10 @@ def test_zero_page_is_zero_in_the_draft_pool(hook_applied: None) -> None:
 
 
 @pytest.mark.parametrize(
-    "problem", ["own_rows", "own_allocator", "hook_missing", "adaptive", "paged_topk", "pipeline", "dp_coordination"]
-)
+    "problem",
+    ["own_rows", "own_allocator", "hook_missing", "adaptive", "paged_topk", "pipeline", "dp_coordination",
+     "pool_class", "pool_tensor"],
+)  # fmt: skip
 def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, _, scheduler = make()
     if problem != "hook_missing":
@@ -137,8 +139,19 @@ def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: p
         scheduler.server_args = SimpleNamespace(pp_size=2)
     elif problem == "dp_coordination":
         scheduler.draft_worker.enable_dp_spec_prefill_coordination = True
-    with pytest.raises(spec_draft.UncoveredDraftError, match="not covered"):
+    elif problem in ("pool_class", "pool_tensor"):
+        runner.token_to_kv_pool = _pool(_PoolWithTail if problem == "pool_class" else MHATokenToKVPool)
+        runner.token_to_kv_pool.tail = torch.zeros(SIZE + 1, 8)  # a tensor the scrubber does not know
+    with pytest.raises(spec_draft.UncoveredDraftError, match="not covered") as err:
         spec_draft.attach_draft_pools(scheduler)
+    if problem == "pool_class":
+        assert "_PoolWithTail (not in the model-family table)" in str(err.value)
+    elif problem == "pool_tensor":
+        assert "MHATokenToKVPool.tail" in str(err.value)
+
+
+class _PoolWithTail(MHATokenToKVPool):
+    """A KV pool class SGLang might add: the draft check refuses it by name."""
 
 
 def _decode_batch(rows: list[int], seq_lens: list[int]) -> SimpleNamespace:

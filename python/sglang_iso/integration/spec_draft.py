@@ -80,11 +80,13 @@ def attach_draft_pools(scheduler: Any) -> int:
     check's zero page; returns how many buffers were added (0 without a draft model).
 
     Raises:
-        UncoveredDraftError: a draft runner has its own row table or allocator, the hook is missing, or the
+        UncoveredDraftError: a draft runner has its own row table or allocator, a KV pool class outside the
+            model-family table or with a tensor scrub-on-free does not zero, the hook is missing, or the
             worker uses adaptive steps or a page-size > 1 top-k > 1 draft layout.
     """
+    from sglang_iso import coverage
     from sglang_iso.integration import hook_table
-    from sglang_iso.integration.scrub import kv_buffers
+    from sglang_iso.integration.scrub import kv_buffers, uncovered_tensors
 
     cache = getattr(scheduler, "tree_cache", None)
     worker = getattr(scheduler, "draft_worker", None)
@@ -114,9 +116,17 @@ def attach_draft_pools(scheduler: Any) -> int:
         pool = runner.token_to_kv_pool
         if problems or pool is cache.token_to_kv_pool_allocator.get_kvcache():
             continue
+        name = type(pool).__name__
+        if name not in coverage.COVERED_POOLS:
+            problems.append(f"draft KV pool class {name} (not in the model-family table)")
+            continue
+        unscrubbed = uncovered_tensors(pool)
+        if unscrubbed:
+            problems.append(f"draft KV pool tensors scrub-on-free does not zero ({', '.join(sorted(unscrubbed))})")
+            continue
         buffers = kv_buffers(pool)
         if not buffers:
-            problems.append(f"draft KV pool {type(pool).__name__} has no buffers the scrubber knows")
+            problems.append(f"draft KV pool {name} has no buffers the scrubber knows")
             continue
         if cache.scrubber is not None:
             cache.scrubber.add_buffers(buffers)
