@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.models import tiny_model_path
 from sglang_iso_testing.eagle_head import write_eagle_head
-from sglang_iso_testing.leak_fuzzer import LeakFuzzer, server_flags, shared_prefix_ids, write_tenants
+from sglang_iso_testing.leak_fuzzer import server_flags, write_tenants
 from sglang_iso_testing.tiny_deepseek import DTYPE_FLAGS, MTP_FLAGS, write_tiny_deepseek
 
 from ..e2e.conftest import start_iso_server
-from .oracles import assert_clean_run
+from .oracles import assert_clean_run, fuzz_on
 
 pytestmark = pytest.mark.e2e
 
@@ -33,17 +32,9 @@ def test_fuzzed_workload_with_a_draft_model_leaks_nothing(tmp_path: Path, target
         model, spec = write_tiny_deepseek(tmp_path / "tiny-deepseek"), [*DTYPE_FLAGS, *MTP_FLAGS]
     flags = (*server_flags(tenants_file, lora=lora), "--attention-backend", "triton", *spec)
     server = start_iso_server(*flags, env={"TRITON_INTERPRET": "1"}, model=model)
-    try:
-        server.start(timeout_s=400)
-        fuzzer = LeakFuzzer(server, tenants, admin, shared_prefix_ids(tiny_model_path()), seed=3)
-        report = fuzzer.run(ops=40, max_seconds=150)
-        problems = fuzzer.final_checks()
-        status, info = server.get_with("/get_server_info", fuzzer.auth(admin))
-    finally:
-        server.stop()
-    assert_clean_run(report, problems, min_requests=20)
-    assert status == 200
-    tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
+    run = fuzz_on(server, tenants, admin, seed=3, ops=40, max_seconds=150, start_timeout_s=400)
+    assert_clean_run(run.report, run.problems, min_requests=20)
+    tree = run.tree
     assert tree["kv_pool"] == ("MHATokenToKVPool" if lora else "MLATokenToKVPool"), tree
     assert tree["draft_buffers"] > 0 and tree["owner_draft_step_checks"] > 0, tree  # the draft model ran, checked
     assert tree["owner_violations"] == 0, tree
