@@ -213,6 +213,25 @@ def test_scheduler_saw_no_unverified_namespace(server: ServerProcess, keys: dict
     assert tree["violations"] == 0
 
 
+def test_collector_is_frozen_after_start_and_tenants_cannot_call_it(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    """SGLang's post-start ``/freeze_gc`` goes through the gate (with the in-memory internal key); a tenant's does
+    not. Unfrozen, a full collection of the start-up heap stalled the HTTP process for most of a second."""
+    from sglang_iso_testing.process import request_json
+
+    status, info = request_json(server.base_url + "/get_server_info", None, headers=auth(keys["admin"]))
+    assert status == 200
+    assert info["internal_states"][0]["sglang_iso"]["gc_frozen_objects"] > 0
+    log = server.log_text()
+    assert '"POST /freeze_gc HTTP/1.1" 200' in log and "freeze_gc failed" not in log
+    status, out = server.post("/freeze_gc", {}, headers=auth(keys["acme"]))
+    assert status == 403 and out["error"]["code"] == "admin_required"
+    status, out = server.post("/freeze_gc", {}, headers=auth("sk-iso-" + "0" * 40))
+    assert status == 401
+    assert generate(server, keys["acme"], long_prompt())["prompt_tokens"] > 0  # the tenant's own request is served
+
+
 def _launch(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sglang_iso.launch_server", "--model-path", "m", *args],

@@ -128,6 +128,13 @@ HOOKS: tuple[Hook, ...] = (
         "front",
         _T,
     ),
+    Hook(
+        "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warmup",
+        _AROUND,
+        f"{_I}.front.gc_freeze:freeze_gc_through_gate",
+        "front",
+        _T,
+    ),
     Hook(f"{_TM}.generate_request", _AROUND, f"{_I}.front.tagging:tag_and_observe", "front", _T),
     Hook(f"{_TM}.update_weights_from_disk", _AROUND, f"{_I}.front.weights:after_weight_update", "front", _T),
     Hook(f"{_MIXIN}.update_weights_from_tensor", _AROUND, f"{_I}.front.weights:after_weight_update", "front", _T),

@@ -6,6 +6,7 @@ check stops the scheduler before it serves a request.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from typing import Any
@@ -82,7 +83,13 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         tree_cache = controller.scheduler.tree_cache
-        report: dict[str, Any] = {"tree_cache": tree_cache_status(tree_cache), "dp_rank": _dp_rank()}
+        report: dict[str, Any] = {
+            "tree_cache": tree_cache_status(tree_cache),
+            "dp_rank": _dp_rank(),
+            # NOTE: objects moved out of the collector's reach by SGLang's post-start freeze (0: not frozen, and
+            # every full collection walks the whole start-up heap).
+            "gc_frozen_objects": gc.get_freeze_count(),
+        }
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
         from sglang_iso.integration import spec_ngram

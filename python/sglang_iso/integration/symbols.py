@@ -60,6 +60,21 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "BEFORE hook: installs the tenant gate and /iso routes",
     ),
     HookedSymbol(
+        "sglang.srt.entrypoints.http_server:_freeze_gc_after_server_warmup",
+        ("server_args",),
+        "AROUND hook: SGLang's post-start /freeze_gc call, made with the gate's internal key",
+    ),
+    HookedSymbol(
+        "sglang.srt.arg_groups.serving_hook:ssl_verify_of",
+        ("cfg",),
+        "the post-start /freeze_gc call verifies TLS as SGLang's own call does",
+    ),
+    HookedSymbol(
+        "sglang.srt.server_args:ServerArgs.url",
+        ("self", "port"),
+        "the post-start /freeze_gc call goes to the server's own address",
+    ),
+    HookedSymbol(
         "sglang.srt.managers.tokenizer_manager:TokenizerManager.generate_request",
         ("self", "obj", "request"),
         "AROUND hook: overwrites extra_key with the server's namespace tag; BEFORE hook: sets routed_dp_rank",

@@ -21,12 +21,15 @@ task and sees what the gate records). It is the outermost layer of the app:
   only it may set the ``bootstrap_*`` fields, which a PD worker requires.
 * Every other path (flush, abort, adapters, weights, profiling, internal state,
   /iso/*) needs an admin key (403 for a tenant key): unknown paths fail closed.
+* The server's own calls to itself (``INTERNAL_PATHS``: SGLang's post-start GC freeze) carry a key made at
+  start in this process's memory (``internal_key``), good for those paths only and for nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import math
@@ -52,6 +55,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 STATE_TENANT = "sglang_iso_tenant"
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
+INTERNAL_PATHS = frozenset({"/freeze_gc"})
+"""Paths the server calls on itself once started: SGLang freezes the garbage collector of every process after
+start-up (``/freeze_gc``), so later full collections skip the start-up heap (otherwise a full collection of the
+HTTP process's ~750k start-up objects stalls every request for most of a second)."""
 METRICS_PATH = "/metrics"
 METRICS_ACCEPT = b"text/plain; version=0.0.4"
 """What a /metrics request asks for, whatever the scraper sent: in the text format metric names keep their colons
@@ -132,8 +139,10 @@ class TenantGate:
         pd: PdRole | None = None,
         rates: RateLimiter | None = None,
         count_tokens: Callable[[str], int] | None = None,
+        internal_key: str | None = None,
     ) -> None:
         self.app = app
+        self.internal_key = internal_key  # this process's own calls to INTERNAL_PATHS, None: none accepted
         self.rates = rates  # per-tenant requests and tokens per minute, None: no rate limits
         self.count_tokens = count_tokens  # the served model's token count of a text, for token reservations
         self.pd = pd  # this worker's prefill/decode role, None when not disaggregated
@@ -160,6 +169,10 @@ class TenantGate:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         principal = None
         key = parse_bearer(headers.get("authorization"))
+        if key is not None and path in INTERNAL_PATHS and self._is_internal(key):
+            observability.audit("internal_action", method=scope.get("method"), path=path)
+            await self.app(scope, receive, send)
+            return
         if key is not None:
             principal = self.keys.lookup(key)
         if principal is None:
@@ -297,6 +310,10 @@ class TenantGate:
                 slot.release()
             if meter is not None:
                 meter.settle()
+
+    def _is_internal(self, key: str) -> bool:
+        own = self.internal_key
+        return own is not None and hmac.compare_digest(key.encode(), own.encode())
 
     def _rate(self, tenant: str, body: bytes) -> tuple[Verdict | None, str]:
         """Charge ``tenant``'s rate limits for one checked body (its reservation: :mod:`.rate_limits`); the verdict

@@ -226,3 +226,33 @@ def test_slot_comes_back_with_the_last_byte_not_when_the_handler_returns(tmp_pat
     assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"])[0] == 200
     assert during == [{"acme": 1}, {}]
     assert admission.in_flight == {}
+
+
+def test_internal_key_opens_only_the_internal_paths(tmp_path: Path) -> None:
+    """The server's own post-start call (``/freeze_gc``) passes with the in-memory key; the key opens nothing else,
+    and without it the path stays an admin path."""
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    (tmp_path / "t.toml").write_text(
+        'namespace_secret_file = "s.key"\n'
+        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
+        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
+    )
+    internal = secrets.token_urlsafe(32)
+    app, seen = recording_app()
+    gate = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), internal_key=internal)
+
+    assert call(gate, "/freeze_gc", key=internal)[0] == 200  # positive control: the server's own call
+    assert len(seen) == 1
+    for path in ("/flush_cache", "/generate", "/iso/tenants", "/get_server_info"):
+        status, payload, _ = call(gate, path, {"text": "x"}, key=internal)
+        assert (status, payload["error"]["code"]) == (401, "invalid_api_key"), path
+    assert call(gate, "/freeze_gc", key=internal[:-1] + ("A" if internal[-1] != "A" else "B"))[0] == 401
+    assert call(gate, "/freeze_gc")[0] == 401
+    assert call(gate, "/freeze_gc", key=KEYS["acme"])[0] == 403  # a tenant may not freeze the server's collector
+    assert call(gate, "/freeze_gc", key=KEYS["admin"])[0] == 200  # the operator still may
+    assert len(seen) == 2
+
+    plain, plain_seen = recording_app()
+    no_internal = TenantGate(plain, KeyIndex(load_tenants_file(tmp_path / "t.toml")))
+    assert call(no_internal, "/freeze_gc", key=internal)[0] == 401
+    assert not plain_seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +48,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         queue_of=lambda tenant: _tenant_queue(front, tenant),
     )
     rates = RateLimiter(lambda tenant: _tenant_rates(front, tenant))
+    front.internal_key = secrets.token_urlsafe(32)
     http_server.app.add_middleware(
         TenantGate,
         keys=keys,
@@ -54,6 +56,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         admission=admission,
         rates=rates,
         count_tokens=_token_counter(tokenizer_manager),
+        internal_key=front.internal_key,
         metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
         pd=pd_role(getattr(server_args, "disaggregation_mode", None),
                    getattr(server_args, "disaggregation_transfer_backend", None)),

@@ -32,6 +32,9 @@ class FrontState:
         from the outputs this process sent; mutated by the request handlers on the event loop)."""
         self.rates: RateLimiter | None = None
         """The gate's per-tenant rate limits (set when the gate is installed), for the admin API."""
+        self.internal_key: str | None = None
+        """The key of this process's calls to itself (the gate's ``internal_key``; set when the gate is installed,
+        kept in memory only)."""
 
     def replace_config(self, config: TenantsConfig) -> None:
         """A reloaded tenants file takes effect for new requests."""
