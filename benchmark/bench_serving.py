@@ -1,0 +1,342 @@
+"""Tail latency with SGLang's own client: ``python -m sglang.bench_serving`` against upstream and sglang-iso.
+
+Usage::
+
+    python benchmark/bench_serving.py [--rounds 3] [--levels gsp:1,gsp:8,gsp:32,random:8,gsp:8x8,...]
+
+Each level is ``DATASET:CONCURRENCY`` or ``DATASET:CONCURRENCYxTENANTS``:
+
+* ``gsp``: ``--dataset-name generated-shared-prefix`` (8 groups, 768-token system prompts, 96-token questions,
+  16 output tokens): shared prefixes, where the prefix cache matters;
+* ``random``: ``--dataset-name random-ids`` (512 input, 16 output tokens; no dataset download): no reuse.
+* ``xTENANTS``: the load spread over that many tenants' keys. The client is still ``sglang.bench_serving``, in
+  one process (so the concurrency is exact), started through this file with its bearer-token lookup
+  (``get_auth_headers``, which reads ``OPENAI_API_KEY``) answering per request: each shared prefix (each
+  generated-shared-prefix group; each prompt of ``random-ids``) goes to the next tenant, so every tenant has its own
+  prefixes and upstream, keyless, has no cross-tenant reuse that sglang-iso would refuse. Upstream gets the same
+  process without keys.
+
+Servers run one at a time (an idle SGLang scheduler busy-polls a core on CPU), with the same sizes; a round starts
+one server, runs every level, stops it, then does the same for the other server, and the order alternates between
+rounds, because this machine's noise is larger than most effects. sglang-iso runs with a tenants file: one tenant
+for the single-tenant levels and 8 for the others, each with room for the whole load (``max_concurrent_requests``
+64, ``kv_share`` 1: with the defaults, half the running slots each, a random burst of 32 puts some tenant over its
+limit and it gets 429, which measures the policy, not the overhead); scrub and owner check at their defaults.
+Every level gets its own seed, so no level reuses another's prefixes (which upstream, keyless, would share across
+tenants). A warm-up level runs first on each server. Per level and server the rounds' numbers are pooled:
+request throughput (median of rounds), TTFT median and P99 (over all requests of all rounds), mean ITL, and the
+share of prompt tokens the prefix cache supplied (from SGLang's prefill-batch log lines, so both servers are seen
+to reuse the same); the table prints iso/upstream ratios and the spread of the rounds. ``--plot`` writes the TTFT
+distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+
+SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
+"""Same KV pool and batch limits for both servers (those of the measurement in the tail-latency issue)."""
+SERVERS = ("upstream", "iso")
+TENANTS = 8
+KEYS_ENV = "SGLANG_ISO_BENCH_KEYS"
+"""The tenant keys of a many-tenant level, for the client process (comma-separated)."""
+DEFAULT_LEVELS = "gsp:1,gsp:8,gsp:32,random:8,gsp:8x8,gsp:32x8"
+PROMPTS_PER_CLIENT = 20
+"""Requests per client and level: 160 at concurrency 8 (as in the tail-latency measurement), at least 48."""
+MAX_PROMPTS = 320
+"""At most this many per level and round (10 per client at concurrency 32)."""
+DATASET_FLAGS = {
+    "gsp": (
+        "--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "8", "--gsp-system-prompt-len", "768",
+        "--gsp-question-len", "96", "--gsp-output-len", "16",
+    ),
+    "random": (
+        "--dataset-name", "random-ids", "--random-input-len", "512", "--random-output-len", "16",
+        "--random-range-ratio", "1.0",
+    ),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Level:
+    dataset: str
+    concurrency: int
+    tenants: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.dataset} c={self.concurrency}" + (f" x{self.tenants} tenants" if self.tenants > 1 else "")
+
+    @property
+    def prompts(self) -> int:
+        return max(48, min(PROMPTS_PER_CLIENT * self.concurrency, MAX_PROMPTS))
+
+
+@dataclass
+class Samples:
+    """One server's results at one level, over all rounds."""
+
+    throughput: list[float] = field(default_factory=list)
+    """Request throughput of each round (req/s; the sum over the level's client processes)."""
+    ttfts: list[float] = field(default_factory=list)
+    """Every request's time to first token (s)."""
+    itls: list[float] = field(default_factory=list)
+    """Every inter-token latency (s)."""
+    p99s: list[float] = field(default_factory=list)
+    """P99 TTFT of each round (s), for the spread."""
+    hit_pct: list[float] = field(default_factory=list)
+    """Share of prompt tokens the prefix cache supplied in each round (from SGLang's prefill-batch log lines)."""
+
+
+def parse_levels(text: str) -> list[Level]:
+    levels = []
+    for item in filter(None, text.split(",")):
+        dataset, _, rest = item.partition(":")
+        conc, _, tenants = rest.partition("x")
+        if dataset not in DATASET_FLAGS or not conc.isdigit() or (tenants and not tenants.isdigit()):
+            raise ValueError(f"level {item!r}: DATASET:CONCURRENCY[xTENANTS], DATASET one of {sorted(DATASET_FLAGS)}")
+        level = Level(dataset, int(conc), int(tenants or 1))
+        if level.concurrency < level.tenants:
+            raise ValueError(f"level {item!r}: concurrency below the number of tenants")
+        levels.append(level)
+    return levels
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def write_tenants(directory: Path) -> tuple[Path, str, list[str]]:
+    """A tenants file with one big tenant and :data:`TENANTS` others, all with room for the whole load; their keys."""
+    (directory / "secret.key").write_bytes(os.urandom(32))
+    solo, many = new_api_key(), [new_api_key() for _ in range(TENANTS)]
+    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(new_api_key())}"]', ""]
+    lines += ["[[tenants]]", 'id = "solo"', f'key_sha256 = ["{key_sha256(solo)}"]', "max_concurrent_requests = 64"]
+    lines += ["kv_share = 1.0", ""]
+    for i, key in enumerate(many):
+        lines += ["[[tenants]]", f'id = "tenant{i}"', f'key_sha256 = ["{key_sha256(key)}"]']
+        lines += ["max_concurrent_requests = 64", "kv_share = 1.0", ""]
+    path = directory / "tenants.toml"
+    path.write_text("\n".join(lines))
+    return path, solo, many
+
+
+def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir: Path) -> tuple[float, list, list]:
+    """One level against one server through ``sglang.bench_serving``; (req/s, TTFTs, ITLs)."""
+    model = str(tiny_model_path())
+    out = workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
+    out.unlink(missing_ok=True)
+    bench = [
+        "--backend", "sglang", "--base-url", url, *DATASET_FLAGS[level.dataset], "--num-prompts", str(level.prompts),
+        "--gsp-prompts-per-group", str(max(1, level.prompts // 8)), "--max-concurrency", str(level.concurrency),
+        "--tokenizer", model, "--model", model, "--seed", str(seed), "--output-file", str(out), "--output-details",
+        "--disable-tqdm",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", KEYS_ENV)}
+    present = [k for k in keys if k is not None]
+    if len(present) == 1:
+        env["OPENAI_API_KEY"] = present[0]
+        argv = [sys.executable, "-m", "sglang.bench_serving", *bench]
+    else:
+        env[KEYS_ENV] = ",".join(present)
+        argv = [sys.executable, str(Path(__file__).resolve()), "--as-client", *bench]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"sglang.bench_serving failed ({level.name}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    result = json.loads(out.read_text().splitlines()[-1])
+    failed = len(result["ttfts"]) - result["completed"]
+    if result["completed"] == 0 or failed:
+        print(f"  {level.name}: {failed} of {len(result['ttfts'])} requests failed", flush=True)
+    if result["completed"] == 0:
+        raise RuntimeError(f"{level.name}: no request completed")
+    itls = [x for row in result["itls"] for x in row]
+    return result["request_throughput"], [t for t in result["ttfts"] if t > 0], itls
+
+
+def client_main(bench_argv: list[str]) -> None:
+    """``sglang.bench_serving`` with one bearer key per shared prefix, from :data:`KEYS_ENV` (see module doc)."""
+    import contextvars
+    import itertools
+
+    import sglang.benchmark.serving as client
+
+    keys = [k for k in os.environ.get(KEYS_ENV, "").split(",") if k]
+    next_key = itertools.cycle(keys)
+    owner: dict[str, str] = {}
+    current: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_key", default=None)
+    request = client.ASYNC_REQUEST_FUNCS["sglang"]
+    own_headers = client.get_auth_headers
+
+    async def keyed(request_func_input: Any, pbar: Any = None) -> Any:
+        prompt = request_func_input.prompt
+        prefix = prompt[:64] if isinstance(prompt, str) else str(prompt)[:64]
+        if keys:
+            current.set(owner.setdefault(prefix, next(next_key)))  # NOTE: each request runs in its own task
+        return await request(request_func_input=request_func_input, pbar=pbar)
+
+    def headers() -> dict[str, str]:
+        key = current.get() or (keys[0] if keys else None)  # outside a request (the ready check): the first key
+        return {"Authorization": f"Bearer {key}"} if key else own_headers()
+
+    client.ASYNC_REQUEST_FUNCS["sglang"] = keyed
+    client.get_auth_headers = headers
+    sys.argv = ["sglang.bench_serving", *bench_argv]
+    client.cli_main()
+
+
+def prefill_tokens(log: str) -> tuple[int, int]:
+    """(computed, cached) prompt tokens of the prefill batches SGLang logged."""
+    new = sum(int(x) for x in re.findall(r"#new-token: (\d+)", log))
+    cached = sum(int(x) for x in re.findall(r"#cached-token: (\d+)", log))
+    return new, cached
+
+
+def run_server(
+    name: str, levels: list[Level], tenants_file: Path, solo: str, many: list[str], seed: int, workdir: Path
+) -> dict[Level, tuple[float, list, list, float]]:
+    port = free_port()
+    if name == "upstream":
+        argv = baseline_server_argv(port, tiny_model_path(), *SIZES)
+    else:
+        argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants_file))
+    server = ServerProcess(argv, port).start(timeout_s=600)
+    out = {}
+    try:
+        iso = name == "iso"
+        run_level(server.base_url, Level("gsp", 8, 1), [solo if iso else None], seed + 999, workdir)  # warm-up
+        for n, level in enumerate(levels):
+            keys: list[str | None] = ([solo] if level.tenants == 1 else list(many)) if iso else [None]
+            seen = len(server.log_text())
+            rate, ttfts, itls = run_level(server.base_url, level, keys, seed + 10 * n, workdir)
+            new, cached = prefill_tokens(server.log_text()[seen:])
+            out[level] = (rate, ttfts, itls, 100.0 * cached / (new + cached) if new + cached else float("nan"))
+    finally:
+        server.stop()
+    return out
+
+
+def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
+    rows = [
+        "| level | metric | upstream | sglang-iso | iso/upstream | rounds (upstream; iso) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for level in levels:
+        up, iso = results["upstream"][level], results["iso"][level]
+        metrics = (
+            ("req/s (median of rounds)", statistics.median(up.throughput), statistics.median(iso.throughput),
+             up.throughput, iso.throughput, 1.0),
+            ("TTFT median ms", statistics.median(up.ttfts), statistics.median(iso.ttfts), None, None, 1e3),
+            ("TTFT P99 ms", p99(up.ttfts), p99(iso.ttfts), up.p99s, iso.p99s, 1e3),
+            ("ITL mean ms", statistics.fmean(up.itls), statistics.fmean(iso.itls), None, None, 1e3),
+            ("prompt tokens from cache %", statistics.fmean(up.hit_pct), statistics.fmean(iso.hit_pct), None, None,
+             1.0),
+        )  # fmt: skip
+        for label, u, i, u_rounds, i_rounds, scale in metrics:
+            spread = ""
+            if u_rounds is not None and i_rounds is not None:
+                spread = (
+                    f"{min(u_rounds) * scale:.0f}-{max(u_rounds) * scale:.0f}; "
+                    f"{min(i_rounds) * scale:.0f}-{max(i_rounds) * scale:.0f}"
+                )
+                if scale == 1.0:
+                    spread = f"{min(u_rounds):.1f}-{max(u_rounds):.1f}; {min(i_rounds):.1f}-{max(i_rounds):.1f}"
+            rows.append(f"| {level.name} | {label} | {u * scale:.1f} | {i * scale:.1f} | {i / u:.2f} | {spread} |")
+    return "\n".join(rows)
+
+
+def plot(path: Path, results: dict[str, dict[Level, Samples]], levels: list[Level]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(levels), figsize=(3.2 * len(levels), 3.6), squeeze=False)
+    for ax, level in zip(axes[0], levels, strict=True):
+        data = [[1e3 * t for t in results[s][level].ttfts] for s in SERVERS]
+        ax.boxplot(data, whis=(1, 99), showfliers=True, flierprops={"markersize": 2})
+        ax.set_xticks([1, 2], ["upstream", "iso"])
+        ax.set_title(level.name, fontsize=8)
+        ax.set_ylabel("TTFT ms (whiskers: P1-P99)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--as-client"]:
+        client_main(argv[1:])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="rounds per server (order alternates)")
+    p.add_argument("--levels", default=DEFAULT_LEVELS, help="comma-separated DATASET:CONCURRENCY[xTENANTS]")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--plot", default="benchmark/bench_serving.png", help="PNG path (needs matplotlib)")
+    p.add_argument("--json", default="", help="also write the pooled numbers here")
+    args = p.parse_args(argv)
+    try:
+        levels = parse_levels(args.levels)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.rounds < 1 or not levels:
+        p.error("--rounds >= 1 and at least one level")
+    results: dict[str, dict[Level, Samples]] = {s: {lv: Samples() for lv in levels} for s in SERVERS}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
+        tenants_file, solo, many = write_tenants(Path(tmp))
+        steps = 2 * args.rounds
+        for r in range(args.rounds):
+            order = SERVERS if r % 2 == 0 else tuple(reversed(SERVERS))
+            for name in order:
+                done = 2 * r + order.index(name)
+                eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
+                print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
+                got = run_server(name, levels, tenants_file, solo, many, 1000 * (args.seed + r), Path(tmp))
+                for level, (rate, ttfts, itls, hit) in got.items():
+                    s = results[name][level]
+                    s.hit_pct.append(hit)
+                    s.throughput.append(rate)
+                    s.ttfts += ttfts
+                    s.itls += itls
+                    s.p99s.append(p99(ttfts))
+                    print(
+                        f"  {level.name:24s} {rate:5.1f} req/s  TTFT p50 {1e3 * statistics.median(ttfts):6.0f} ms"
+                        f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens",
+                        flush=True,
+                    )
+    print(f"\n{args.rounds} rounds per server, {time.monotonic() - start:.0f} s\n")
+    print(table(results, levels))
+    if args.json:
+        pooled = {
+            s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
+                          "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct}
+                for lv, v in results[s].items()}
+            for s in SERVERS
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(pooled, indent=1))
+    if args.plot and plot(Path(args.plot), results, levels):
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
