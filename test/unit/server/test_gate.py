@@ -30,16 +30,21 @@ def recording_app() -> tuple[Any, list[dict[str, Any]]]:
     return app, seen
 
 
-@pytest.fixture()
-def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
+def key_index(tmp_path: Path) -> KeyIndex:
+    """Keys of a tenants file with the admin key and tenant ``acme``."""
     (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
     (tmp_path / "t.toml").write_text(
         'namespace_secret_file = "s.key"\n'
         f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
         f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
     )
+    return KeyIndex(load_tenants_file(tmp_path / "t.toml"))
+
+
+@pytest.fixture()
+def gate(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
     app, seen = recording_app()
-    return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml"))), seen
+    return TenantGate(app, key_index(tmp_path)), seen
 
 
 def call(
@@ -231,15 +236,10 @@ def test_slot_comes_back_with_the_last_byte_not_when_the_handler_returns(tmp_pat
 def test_internal_key_opens_only_the_internal_paths(tmp_path: Path) -> None:
     """The server's own post-start call (``/freeze_gc``) passes with the in-memory key; the key opens nothing else,
     and without it the path stays an admin path."""
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-    )
+    keys = key_index(tmp_path)
     internal = secrets.token_urlsafe(32)
     app, seen = recording_app()
-    gate = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), internal_key=internal)
+    gate = TenantGate(app, keys, internal_key=internal)
 
     assert call(gate, "/freeze_gc", key=internal)[0] == 200  # positive control: the server's own call
     assert len(seen) == 1
@@ -253,6 +253,6 @@ def test_internal_key_opens_only_the_internal_paths(tmp_path: Path) -> None:
     assert len(seen) == 2
 
     plain, plain_seen = recording_app()
-    no_internal = TenantGate(plain, KeyIndex(load_tenants_file(tmp_path / "t.toml")))
+    no_internal = TenantGate(plain, keys)
     assert call(no_internal, "/freeze_gc", key=internal)[0] == 401
     assert not plain_seen

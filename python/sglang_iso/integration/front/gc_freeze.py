@@ -45,10 +45,11 @@ def freeze_gc_through_gate(original: Callable[..., Any], server_args: Any, *args
 
     url = server_args.url() + "/freeze_gc"
     headers = {"Authorization": f"Bearer {front.internal_key}"}
+    verify = ssl_verify_of(server_args)
     deadline = time.monotonic() + LISTEN_WAIT_S
     while True:  # bounded: until the deadline
         try:
-            response = requests.post(url, headers=headers, timeout=FREEZE_TIMEOUT_S, verify=ssl_verify_of(server_args))
+            response = requests.post(url, headers=headers, timeout=FREEZE_TIMEOUT_S, verify=verify)
             response.raise_for_status()
             break
         except requests.exceptions.ConnectionError as exc:
