@@ -9,12 +9,14 @@ Each level is ``DATASET:CONCURRENCY`` or ``DATASET:CONCURRENCYxTENANTS``:
 * ``gsp``: ``--dataset-name generated-shared-prefix`` (8 groups, 768-token system prompts, 96-token questions,
   16 output tokens): shared prefixes, where the prefix cache matters;
 * ``random``: ``--dataset-name random-ids`` (512 input, 16 output tokens; no dataset download): no reuse.
-* ``xTENANTS``: the load spread over that many tenants' keys. The client is still ``sglang.bench_serving``, in
-  one process (so the concurrency is exact), started through this file with its bearer-token lookup
-  (``get_auth_headers``, which reads ``OPENAI_API_KEY``) answering per request: each shared prefix (each
-  generated-shared-prefix group; each prompt of ``random-ids``) goes to the next tenant, so every tenant has its own
-  prefixes and upstream, keyless, has no cross-tenant reuse that sglang-iso would refuse. Upstream gets the same
-  process without keys.
+* ``xTENANTS``: the load spread over that many tenants' keys: each shared prefix (each generated-shared-prefix
+  group; each prompt of ``random-ids``) goes to the next tenant, so every tenant has its own prefixes and upstream,
+  keyless, has no cross-tenant reuse that sglang-iso would refuse.
+
+The client is ``sglang.bench_serving`` in one process (so the concurrency is exact), always started through this
+file with its bearer-token lookup (``get_auth_headers``, which reads ``OPENAI_API_KEY``) answering per request from
+the level's keys: one for a single-tenant level, one per tenant, none for upstream. Both servers so face the same
+client code at every level.
 
 Servers run one at a time (an idle SGLang scheduler busy-polls a core on CPU), with the same sizes; a round starts
 one server, runs every level, stops it, then does the same for the other server, and the order alternates between
@@ -36,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -148,14 +151,11 @@ def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir
         "--tokenizer", model, "--model", model, "--seed", str(seed), "--output-file", str(out), "--output-details",
         "--disable-tqdm",
     ]  # fmt: skip
+    # NOTE: every level and server runs the same client process (this file's --as-client), keys or none, so
+    # both servers always face the same client code.
     env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", KEYS_ENV)}
-    present = [k for k in keys if k is not None]
-    if len(present) == 1:
-        env["OPENAI_API_KEY"] = present[0]
-        argv = [sys.executable, "-m", "sglang.bench_serving", *bench]
-    else:
-        env[KEYS_ENV] = ",".join(present)
-        argv = [sys.executable, str(Path(__file__).resolve()), "--as-client", *bench]
+    env[KEYS_ENV] = ",".join(k for k in keys if k is not None)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--as-client", *bench]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"sglang.bench_serving failed ({level.name}):\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -208,13 +208,20 @@ def prefill_tokens(log: str) -> tuple[int, int]:
 
 
 def run_server(
-    name: str, levels: list[Level], tenants_file: Path, solo: str, many: list[str], seed: int, workdir: Path
+    name: str,
+    levels: list[Level],
+    tenants_file: Path,
+    solo: str,
+    many: list[str],
+    seed: int,
+    workdir: Path,
+    iso_args: tuple[str, ...] = (),
 ) -> dict[Level, tuple[float, list, list, float]]:
     port = free_port()
     if name == "upstream":
         argv = baseline_server_argv(port, tiny_model_path(), *SIZES)
     else:
-        argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants_file))
+        argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants_file), *iso_args)
     server = ServerProcess(argv, port).start(timeout_s=600)
     out = {}
     try:
@@ -292,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--plot", default="benchmark/bench_serving.png", help="PNG path (needs matplotlib)")
     p.add_argument("--json", default="", help="also write the pooled numbers here")
+    p.add_argument(
+        "--iso-args", default="", help='extra sglang-iso flags, e.g. "--kv-owner-check off" (to measure a share)'
+    )
     args = p.parse_args(argv)
     try:
         levels = parse_levels(args.levels)
@@ -299,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.rounds < 1 or not levels:
         p.error("--rounds >= 1 and at least one level")
+    iso_args = tuple(shlex.split(args.iso_args))
     results: dict[str, dict[Level, Samples]] = {s: {lv: Samples() for lv in levels} for s in SERVERS}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
@@ -310,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 done = 2 * r + order.index(name)
                 eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
                 print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
-                got = run_server(name, levels, tenants_file, solo, many, 1000 * (args.seed + r), Path(tmp))
+                got = run_server(name, levels, tenants_file, solo, many, 1000 * (args.seed + r), Path(tmp), iso_args)
                 for level, (rate, ttfts, itls, hit) in got.items():
                     s = results[name][level]
                     s.hit_pct.append(hit)

@@ -162,26 +162,62 @@ def _clean_on_cpu(
     out-of-range slot, an untracked row) and the caller runs the full pass, whose adoption of the same pages is
     then a no-op. MUTATES ``page_owner`` (adopted pages only, exactly as the full pass would).
     """
-    owners = row_owner[req_pool_indices.long()]  # [B]
+    rows = req_pool_indices.long()
+    owners = row_owner[rows]  # [B]
     if bool((owners < 0).any()):
         return False  # untracked rows are skipped by the full pass
     lens = seq_lens.long()
     starts = torch.minimum(write_start.long().clamp(min=0), lens)
-    segments = _segments_small if owners.numel() <= _SMALL_BATCH else _segments_large
-    slots, me = segments(req_to_token, req_pool_indices, torch.zeros_like(lens), lens, owners, total_tokens)
-    if total_tokens and (int(slots.min()) < 0 or int(slots.max()) >= page_owner.numel() * page_size):
+    width = int(lens.max())
+    if width > req_to_token.shape[1]:
         return False
-    new_count = int((lens - starts).sum())
-    if new_count:
-        # NOTE: the same rule as the full pass (adopt FREE or own pages, the larger owner wins a race),
-        # applied to the new columns only.
-        new_slots, new_me = segments(req_to_token, req_pool_indices, starts, lens, owners, new_count)
-        new_pages = torch.div(new_slots.long(), page_size, rounding_mode="floor")
+    if width * lens.numel() <= 2 * total_tokens + _PAD_SLACK:
+        return _clean_padded(req_to_token, rows, starts, lens, owners, page_owner, page_size, width)
+    segments = _segments_small if owners.numel() <= _SMALL_BATCH else _segments_large
+    slots, me = segments(req_to_token, rows, torch.zeros_like(lens), lens, owners, total_tokens)
+    if slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= page_owner.numel() * page_size):
+        return False
+    new_slots, new_me = segments(req_to_token, rows, starts, lens, owners, int((lens - starts).sum()))
+    _adopt(page_owner, torch.div(new_slots.long(), page_size, rounding_mode="floor"), new_me)
+    pages = torch.div(slots.long(), page_size, rounding_mode="floor")
+    return bool(torch.equal(page_owner[pages], me))
+
+
+def _adopt(page_owner: torch.Tensor, new_pages: torch.Tensor, new_me: torch.Tensor) -> None:
+    """The full pass's adoption rule on the new columns only: FREE or own pages, the larger owner wins a race."""
+    if new_pages.numel():
         current = page_owner[new_pages]
         proposal = torch.where((current == -1) | (current == new_me), new_me, torch.full_like(new_me, -2))
         page_owner.scatter_reduce_(0, new_pages, proposal, reduce="amax", include_self=True)
-    pages = torch.div(slots.long(), page_size, rounding_mode="floor")
-    return bool(torch.equal(page_owner[pages], me))
+
+
+# NOTE: a batch whose padded windows (batch x longest window) hold at most twice its tokens plus this many is
+# copied as one ``[B, W]`` block and masked: a handful of tensor operations whatever the batch size (measured on
+# this path at 32 decode rows of 880 tokens: 0.36 ms, against 2.2 ms copying the windows row by row). A batch of
+# very unequal windows is copied window by window instead, so the copy never grows past the batch's tokens.
+_PAD_SLACK = 4096
+
+
+def _clean_padded(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    lens: torch.Tensor,
+    owners: torch.Tensor,
+    page_owner: torch.Tensor,
+    page_size: int,
+    width: int,
+) -> bool:
+    """:func:`_clean_on_cpu` on one ``[B, width]`` copy of the windows, columns past a window masked out."""
+    cols = torch.arange(width)
+    valid = cols < lens[:, None]  # [B, W]
+    slots = req_to_token[:, :width].index_select(0, rows).long().masked_fill_(~valid, 0)  # only the windows copied
+    if int(slots.min()) < 0 or int(slots.max()) >= page_owner.numel() * page_size:
+        return False
+    pages = slots if page_size == 1 else torch.div(slots, page_size, rounding_mode="floor")
+    new = valid & (cols >= starts[:, None])
+    _adopt(page_owner, pages[new], owners[:, None].expand(-1, width)[new])
+    return bool(((page_owner[pages] == owners[:, None]) | ~valid).all())
 
 
 # NOTE: up to this batch size the windows are copied row by row: ``repeat_interleave`` opens a thread-parallel

@@ -7,11 +7,14 @@ shared slots in its prefix, and new tokens on FREE pages it must adopt.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang_iso_kernels import row_check
 from sglang_iso_kernels.row_check import (
     _clean_on_cpu,
     _sanitize_torch,
@@ -23,6 +26,8 @@ from test.kernels.conftest import SEEDS
 
 NUM_PAGES, ZERO_PAGE, SHARED, FREE = 20, 0, 3, -1
 R, L = 8, 40
+ROUTES = {"padded": 10**9, "by window": -(10**9)}
+"""``_PAD_SLACK`` values that force each route of the CPU fast path: one padded copy, or window by window."""
 
 
 def _allowed(device: torch.device) -> torch.Tensor:
@@ -184,9 +189,10 @@ def _large_batch_triton_vs_torch(device: torch.device) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]))
-def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int) -> None:
-    """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over)."""
+@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]), route=st.sampled_from(sorted(ROUTES)))
+def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, route: str) -> None:
+    """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over),
+    through both of its routes."""
     page_owner = data.draw(st.lists(st.sampled_from([FREE, 0, 1, 2, 3]), min_size=NUM_PAGES, max_size=NUM_PAGES))
     page_owner[ZERO_PAGE] = FREE
     rows = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=4, unique=True))
@@ -217,15 +223,18 @@ def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int) ->
     want = [t.clone() for t in tensors]
     want_v = torch.zeros(len(rows), dtype=torch.int32)
     _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
-    violations = sanitize_rows(
-        *tensors, allowed, page_size=page_size, zero_page=ZERO_PAGE, total_tokens=sum(seq_lens), use_triton=False
-    )
+    with mock.patch.object(row_check, "_PAD_SLACK", ROUTES[route]):
+        violations = sanitize_rows(
+            *tensors, allowed, page_size=page_size, zero_page=ZERO_PAGE, total_tokens=sum(seq_lens), use_triton=False
+        )
     assert violations.tolist() == want_v.tolist()
     assert torch.equal(tensors[0], want[0]) and torch.equal(tensors[4], want[4])
 
 
-def test_cpu_fast_path_answers_a_clean_batch_alone() -> None:
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_cpu_fast_path_answers_a_clean_batch_alone(route: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Positive control for the test above: a clean batch is decided by the fast path, adoption included."""
+    monkeypatch.setattr(row_check, "_PAD_SLACK", ROUTES[route])
     req_to_token = torch.zeros(2, 8, dtype=torch.int32)
     req_to_token[0, :3] = torch.tensor([1, 2, 14], dtype=torch.int32)  # own, own, new FREE page
     page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
@@ -236,6 +245,9 @@ def test_cpu_fast_path_answers_a_clean_batch_alone() -> None:
     assert int(page_owner[14]) == 1  # adopted
     req_to_token[0, 1] = 15  # a FREE page in the prefix: not clean, the full pass takes over
     assert not _clean_on_cpu(*args, page_size=1, total_tokens=3)
+    req_to_token[0, 1] = 2
+    req_to_token[0, 5] = 15  # past the window: not read
+    assert _clean_on_cpu(*args, page_size=1, total_tokens=3)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
