@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +60,12 @@ class ServerProcess:
         # NOTE: TRITON_INTERPRET is a test-process setting for kernel tests; a server must not inherit it.
         inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         self.env = {**inherited, **(env or {})}
+        # NOTE: SGLang names its IPC sockets and Prometheus directory with ``tempfile``; a killed server leaves them
+        # behind. Its own temporary directory (unless the caller chose TMPDIR) goes with it in :meth:`stop`.
+        self.scratch: Path | None = None
+        if "TMPDIR" not in (env or {}):
+            self.scratch = Path(tempfile.mkdtemp(prefix="sglang-iso-srv-"))
+            self.env["TMPDIR"] = str(self.scratch)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 300.0) -> ServerProcess:
@@ -67,6 +74,8 @@ class ServerProcess:
         Raises:
             ServerStartError: the process exited, or ``timeout_s`` passed.
         """
+        if self.scratch is not None:
+            self.scratch.mkdir(exist_ok=True)  # (again, for a server started after a stop)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
@@ -88,8 +97,11 @@ class ServerProcess:
         raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
 
     def stop(self) -> None:
-        """Kill the whole process group (SIGTERM, then SIGKILL); remove a temp log unless ``keep_log``."""
+        """Kill the whole process group (SIGTERM, then SIGKILL); remove its temporary files, and a temp log
+        unless ``keep_log``."""
         self._kill()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         if self.owns_log and not self.keep_log:
             with contextlib.suppress(OSError):
                 self.log_path.unlink()

@@ -37,6 +37,34 @@ def test_temp_log_removed_after_a_clean_stop() -> None:
     assert not log.exists()
 
 
+LEAVES_TEMP_FILES = (
+    textwrap.dedent(
+        """
+    import tempfile
+    tempfile.NamedTemporaryFile(delete=False)  # as SGLang names its IPC sockets
+    tempfile.mkdtemp()  # and its Prometheus directory
+    """
+    )
+    + HEALTHY
+)
+
+
+def test_temp_files_the_server_makes_go_with_it() -> None:
+    server = _server(LEAVES_TEMP_FILES).start(timeout_s=30)
+    scratch = server.scratch
+    assert scratch is not None and server.env["TMPDIR"] == str(scratch)
+    assert len(list(scratch.iterdir())) == 2  # positive control: the server wrote there
+    server.stop()
+    assert not scratch.exists()
+
+
+def test_a_chosen_tmpdir_is_left_alone(tmp_path: Path) -> None:
+    port = free_port()
+    server = ServerProcess([sys.executable, "-c", LEAVES_TEMP_FILES, str(port)], port, env={"TMPDIR": str(tmp_path)})
+    server.start(timeout_s=30).stop()
+    assert server.scratch is None and len(list(tmp_path.iterdir())) == 2
+
+
 def test_log_kept_when_the_server_fails_to_start() -> None:
     server = _server("import sys; print('boom'); sys.exit(3)")
     with pytest.raises(ServerStartError, match="boom"):
