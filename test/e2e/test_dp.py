@@ -81,7 +81,7 @@ def test_tenants_stay_on_their_rank_reuse_there_and_never_cross(server: ServerPr
         assert len(rows) == DP, rows  # one row per rank
         assert rows[rank]["resident_tokens"] > 0 and rows[rank]["lookup_hit_tokens"] > 0
         other = rows[1 - rank]
-        assert other.get("resident_tokens", 0) == 0 and other.get("lookup_hit_tokens", 0) == 0, rows
+        assert other["resident_tokens"] == 0 and other["lookup_hit_tokens"] == 0, rows
 
 
 def test_client_cannot_choose_the_rank(server: ServerProcess, keys: dict[str, str]) -> None:

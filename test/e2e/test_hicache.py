@@ -295,6 +295,6 @@ def test_new_secret_makes_old_files_unreachable_and_tiers_hold_with_ngram(workdi
         status, info = srv.get_with("/get_server_info", {"Authorization": f"Bearer {KEYS['admin']}"})
         assert status == 200
         tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]
-        assert tree["host_violations"] == 0 and tree.get("owner_violations", 0) == 0, tree
+        assert tree["host_violations"] == 0 and tree["owner_violations"] == 0, tree
     finally:
         srv.stop()

@@ -82,9 +82,7 @@ def _held_back(server: ServerProcess, admin_key: str) -> dict[str, int]:
     """Tenant -> requests the scheduler held back for its KV share (``GET /iso/tenants``, all ranks)."""
     status, out = server.get_with("/iso/tenants", auth(admin_key))
     assert status == 200, out
-    return {
-        t: sum(int(rank.get("held_back_requests", 0)) for rank in row["ranks"]) for t, row in out["tenants"].items()
-    }
+    return {t: sum(int(rank["held_back_requests"]) for rank in row["ranks"]) for t, row in out["tenants"].items()}
 
 
 def test_long_streams_of_one_tenant_do_not_starve_another(server: ServerProcess, keys: dict[str, str]) -> None:

@@ -111,7 +111,7 @@ def assert_no_violations(server: ServerProcess, keys: dict[str, str]) -> None:
     assert status == 200, out
     assert out["unverified_tags"] == [0]
     for tenant in ADAPTERS:
-        assert out["tenants"][tenant]["ranks"][0].get("violations", 0) == 0, out
+        assert out["tenants"][tenant]["ranks"][0]["violations"] == 0, out
     status, info = request_json(server.base_url + "/get_server_info", None, headers=auth(keys["admin"]))
     assert status == 200
     tree = info["internal_states"][0]["sglang_iso"]["tree_cache"]

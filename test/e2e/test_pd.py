@@ -300,6 +300,6 @@ def test_openai_routes_through_the_router_keep_the_tenant_guarantees(
     assert mine.texts == first.texts and mine.id.endswith("globex.mine-1"), mine  # the client's id, in its space
     for role in ("prefill", "decode"):  # other tests in this module plant violations on purpose: compare deltas
         state = pd_state(pd[role], keys["admin"])
-        assert state.get("tag_violations", 0) == before[role].get("tag_violations", 0), state
+        assert state["tag_violations"] == before[role]["tag_violations"], state
         assert state["transfers_in_flight"] == 0, state
     assert pd_state(pd["decode"], keys["admin"])["tags_checked"] > before["decode"]["tags_checked"]

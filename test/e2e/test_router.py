@@ -89,12 +89,12 @@ def routed_meta(router: ServerProcess, key: str, routing_key: str, text: str) ->
 def tenant_stats(worker: ServerProcess, admin_key: str, tenant: str) -> dict[str, int]:
     status, out = worker.get_with("/iso/tenants", auth(admin_key))
     assert status == 200, out
-    return dict(out["tenants"][tenant]["ranks"][0])  # empty until the tenant's first request there
+    return dict(out["tenants"][tenant]["ranks"][0])  # all counters 0 until the tenant's first request there
 
 
 def lookups(workers: list[ServerProcess], admin_key: str, tenant: str) -> list[int]:
     """Per worker, the prompt tokens it has looked up in ``tenant``'s cache so far."""
-    return [tenant_stats(w, admin_key, tenant).get("lookup_tokens", 0) for w in workers]
+    return [tenant_stats(w, admin_key, tenant)["lookup_tokens"] for w in workers]
 
 
 def serving_workers(workers: list[ServerProcess], admin_key: str, tenant: str, before: list[int]) -> list[int]:
@@ -136,7 +136,7 @@ def test_routing_key_steers_but_never_shares(
     assert again["cached_tokens"] >= again["prompt_tokens"] - 1  # globex's own entry on that worker
     for worker in workers:
         for tenant in TWO_TENANTS:
-            assert tenant_stats(worker, keys["admin"], tenant).get("violations", 0) == 0
+            assert tenant_stats(worker, keys["admin"], tenant)["violations"] == 0
 
 
 def test_killed_worker_fails_over_or_fails_cleanly_and_isolation_holds(
@@ -180,4 +180,4 @@ def test_killed_worker_fails_over_or_fails_cleanly_and_isolation_holds(
     # globex's first request for this prompt; with one worker left, any routing key lands there.
     assert routed_meta(router, keys["globex"], "acme", prompt)["cached_tokens"] == 0
     for tenant in TWO_TENANTS:
-        assert tenant_stats(survivor, keys["admin"], tenant).get("violations", 0) == 0
+        assert tenant_stats(survivor, keys["admin"], tenant)["violations"] == 0

@@ -15,6 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_iso import observability
 
+ROW_COUNTERS = (
+    "resident_tokens",
+    "evictable_tokens",
+    "protected_tokens",
+    "lookup_hit_tokens",
+    "lookup_tokens",
+    "inserted_tokens",
+    "evicted_tokens",
+    "violations",
+)
+"""Per-owner counters of ``GET /iso/tenants`` rows, present (0) in every row."""
+SHARE_COUNTERS = ("held_back_requests", "retracted_first_requests")
+"""Per-owner KV-share counters, present in every row of a server with a tenants file."""
+
 if TYPE_CHECKING:
     from sglang_iso.integration.tenant_cache import TenantRadixCache
 
@@ -67,21 +81,7 @@ class CacheReport:
             namespace = c.namespace_of(ns)
             owner = namespace.owner if namespace is not None else "open"
             st = c.tree.stats(ns)
-            row = out.setdefault(
-                owner,
-                {
-                    "namespaces": 0,
-                    "resident_tokens": 0,
-                    "evictable_tokens": 0,
-                    "protected_tokens": 0,
-                    "lookup_hit_tokens": 0,
-                    "lookup_tokens": 0,
-                    "inserted_tokens": 0,
-                    "evicted_tokens": 0,
-                    "violations": 0,
-                    "quota_tokens_per_namespace": st.quota,
-                },
-            )
+            row = out.get(owner) or out.setdefault(owner, self._new_row(st.quota))
             row["namespaces"] = int(row["namespaces"] or 0) + 1
             for field, value in (
                 ("resident_tokens", st.resident),
@@ -95,11 +95,14 @@ class CacheReport:
             ):
                 row[field] = int(row[field] or 0) + int(value)
             for field, value in (c.host.ns_stats(ns) if c.host is not None else {}).items():
-                row[field] = int(row.get(field) or 0) + value
+                row[field] = int(row[field] or 0) + value
         if c.kv_shares is not None:
             held, retracted = c.kv_shares.held_back, c.kv_shares.retracted_first
             for owner in {*out, *held, *retracted} - {"open"}:
-                row = out.setdefault(owner, {"namespaces": 0})
+                settings = c.policies.get(owner)
+                quota = settings.quota_tokens if settings is not None else None
+                # NOTE: an owner whose requests were only held back has no namespace yet; its row has every field.
+                row = out.get(owner) or out.setdefault(owner, self._new_row(quota))
                 row["kv_share_permille"] = round(1000 * c.kv_shares.share_of(owner))
                 row["held_back_requests"] = held.get(owner, 0)
                 row["retracted_first_requests"] = retracted.get(owner, 0)
@@ -111,6 +114,16 @@ class CacheReport:
                     row.update(c.host.owner_stats(owner))
                     row["l3_quota_tokens"] = settings.l3_quota_tokens if settings is not None else None
         return out
+
+    def _new_row(self, quota: int | None) -> dict[str, int | None]:
+        """An owner's row before any namespace is added: every counter present, at 0."""
+        host = self.cache.host
+        return {
+            "namespaces": 0,
+            **dict.fromkeys(ROW_COUNTERS, 0),
+            "quota_tokens_per_namespace": quota,
+            **(dict.fromkeys(host.ns_stat_fields(), 0) if host is not None else {}),
+        }
 
     def maybe_export(self, min_interval_s: float = 1.0) -> None:
         """Push per-tenant gauges and counter deltas to metrics and the audit log (throttled)."""

@@ -192,6 +192,11 @@ class HostCache:
         if self.l3 is not None:
             self.l3.flush("*" if owner == "*" else "owner:" + owner)
 
+    def ns_stat_fields(self) -> tuple[str, ...]:
+        """The keys :meth:`ns_stats` returns."""
+        host = ("host_resident_tokens", "host_loaded_tokens")
+        return host if self.l3 is None else (*host, "l3_written_tokens", "l3_loaded_tokens")
+
     def ns_stats(self, ns: str) -> dict[str, int]:
         """Per-namespace host and L3 counters (tokens) for ``GET /iso/tenants``."""
         hs = self.tier.stats(ns)

@@ -15,6 +15,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
     """Add the /iso/* routes to SGLang's FastAPI ``app``; they read ``front.config`` at each call."""
     from fastapi.responses import ORJSONResponse
 
+    from sglang_iso.integration.cache_report import ROW_COUNTERS, SHARE_COUNTERS
     from sglang_iso.integration.hooks import CHECK_COMMAND, FLUSH_COMMAND, PD_RECLAIM_COMMAND, PD_STATUS_COMMAND
 
     async def iso_tenants() -> Any:
@@ -22,6 +23,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
         states = await tokenizer_manager.get_internal_state()
         states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))  # replies come unordered
         per_rank = [s.get("sglang_iso", {}).get("tenants", {}) for s in states]
+        idle_row = {"namespaces": 0, **dict.fromkeys((*ROW_COUNTERS, *SHARE_COUNTERS), 0)}
         tenants: dict[str, Any] = {}
         for tenant in config.tenants.values():
             owner = tenant.group or tenant.id
@@ -40,7 +42,8 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                     **(front.rates.state(tenant.id) if front.rates is not None else {}),
                     "rate_limited": front.rates.refused.get(tenant.id, 0) if front.rates is not None else 0,
                 },
-                "ranks": [rank.get(owner, {}) for rank in per_rank],
+                # NOTE: a rank that has seen nothing of the owner reports no row: it gets the counters, all 0.
+                "ranks": [rank.get(owner) or idle_row for rank in per_rank],
             }
         # Tags the scheduler could not verify (forged or malformed): isolation violations of no known tenant.
         unverified = [s.get("sglang_iso", {}).get("tree_cache", {}).get("rejected_tags", 0) for s in states]
