@@ -25,7 +25,7 @@ from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
-from .test_request_plane import assert_alive_and_isolated, call, write_alpha_beta
+from .helpers import assert_alive_and_isolated, call, write_alpha_beta
 
 pytestmark = pytest.mark.e2e
 

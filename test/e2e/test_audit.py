@@ -25,7 +25,7 @@ from sglang_iso.tenancy.keys import key_sha256, new_api_key
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port
 
 from .conftest import CPU_SIZES, start_iso_server
-from .test_tenants import TENANTS, write_tenants_file
+from .helpers import TENANTS, write_tenants_file
 
 pytestmark = pytest.mark.e2e
 

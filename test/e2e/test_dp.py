@@ -9,15 +9,15 @@ proves the routing), the other tenant's identical prompt misses, and
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from sglang_iso.server.dp import tenant_rank
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
@@ -37,11 +37,7 @@ def keys() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
     d = tmp_path_factory.mktemp("dp")
-    (d / "s.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for name in TENANT_BY_RANK.values():
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
-    (d / "t.toml").write_text("\n".join(lines) + "\n")
+    write_tenants_file(d, list(TENANT_BY_RANK.values()), keys=keys, name="t.toml")
     srv = start_iso_server("--tenants-file", str(d / "t.toml"), "--dp-size", str(DP))
     try:
         srv.start(timeout_s=420)

@@ -21,39 +21,17 @@ import openai
 import pytest
 import sglang as sgl
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
-from .test_tenants import auth, generate, long_prompt
+from .helpers import TWO_TENANTS, auth, generate, long_prompt, write_two_tenants_file
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 PROGRAMS = Path(__file__).resolve().parent / "programs"
-TWO_TENANTS = ("acme", "globex")
-
-
-def write_two_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
-    """A tenants file with ``acme`` and ``globex`` (both ``private``) and the admin key; returns its path.
-
-    ``keys`` maps "acme", "globex" and "admin" to API keys. Servers given the same file share the secret,
-    so they derive the same namespace ids (the router tests rely on this).
-    """
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]', ""]
-    for name in TWO_TENANTS:
-        lines += [
-            "[[tenants]]",
-            f'id = "{name}"',
-            f'key_sha256 = ["{key_sha256(keys[name])}"]',
-            'cache = "private"',
-            "",
-        ]
-    path = directory / "tenants.toml"
-    path.write_text("\n".join(lines))
-    return path
 
 
 def load_example(name: str) -> ModuleType:

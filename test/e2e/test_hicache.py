@@ -15,7 +15,6 @@ Three server starts for the module.
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,8 +24,9 @@ import pytest
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
@@ -52,14 +52,11 @@ def prompt(words: int) -> str:
 
 
 def write_tenants(d: Path) -> Path:
-    (d / "s.key").write_bytes(secrets.token_bytes(32))  # a new secret each call
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
-    for name in ("hooli", "acme", "globex", "initech"):
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
-    lines += [f"host_quota_tokens = {SMALL_QUOTA}", f"l3_quota_tokens = {SMALL_QUOTA}"]  # initech only
-    lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', 'tenants = ["acme", "initech"]']
-    (d / "t.toml").write_text("\n".join(lines) + "\n")
-    return d / "t.toml"
+    tenants: dict[str, dict[str, object]] = {"hooli": {}, "acme": {}, "globex": {}}
+    tenants["initech"] = {"host_quota_tokens": SMALL_QUOTA, "l3_quota_tokens": SMALL_QUOTA}
+    policy = {"name": "policy", "text": SHARED_TEXT, "tenants": ["acme", "initech"]}
+    # NOTE: a new secret each call
+    return write_tenants_file(d, tenants, keys=KEYS, shared_prefixes=[policy], name="t.toml").path
 
 
 SHARED: dict[str, object] = {}  # what server 1 leaves for the restarts: target prompt, its length

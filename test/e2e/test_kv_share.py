@@ -11,18 +11,18 @@ per-tenant KV shares beta's streams hold the pool and alpha's prefill waits for 
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.flood import Flood, pct
 from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
+from sglang_iso_testing.tenants import write_tenants_file
 
-from .test_tenants import auth
+from .helpers import auth
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +49,8 @@ def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]
 ) -> Iterator[ServerProcess]:
     directory = tmp_path_factory.mktemp("kv-share")
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for name in ("alpha", "beta"):  # NOTE: no kv_share: the documented default (half the pool each) applies
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
-    (directory / "tenants.toml").write_text("\n".join(lines) + "\n")
+    # NOTE: no kv_share: the documented default (half the pool each) applies
+    write_tenants_file(directory, ["alpha", "beta"], keys=keys)
     port = free_port()
     argv = iso_server_argv(port, tiny_model_path(), "--tenants-file", str(directory / "tenants.toml"),
                            *SERVERS[request.param])  # fmt: skip

@@ -7,7 +7,6 @@ no-reuse assertion is paired with a same-tenant, same-adapter hit in the same ru
 
 from __future__ import annotations
 
-import secrets
 import string
 import uuid
 from collections.abc import Iterator
@@ -17,9 +16,10 @@ from typing import Any
 import pytest
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.lora_adapter import write_tiny_adapter
 from sglang_iso_testing.process import ServerProcess, request_json
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
@@ -47,13 +47,7 @@ def server(
     tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], adapter_dirs: dict[str, Path]
 ) -> Iterator[ServerProcess]:
     folder = tmp_path_factory.mktemp("tenants")
-    (folder / "secret.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for tenant, allowed in ADAPTERS.items():
-        names = ", ".join(f'"{a}"' for a in allowed)
-        lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]']
-        lines += [f"adapters = [{names}]"]
-    (folder / "tenants.toml").write_text("\n".join(lines) + "\n")
+    write_tenants_file(folder, {tenant: {"adapters": list(allowed)} for tenant, allowed in ADAPTERS.items()}, keys=keys)
     srv = start_iso_server(
         "--tenants-file", str(folder / "tenants.toml"),
         "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "8",

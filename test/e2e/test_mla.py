@@ -30,8 +30,7 @@ from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, ServerStartError, free_port, iso_server_argv
 from sglang_iso_testing.tiny_deepseek import DTYPE_FLAGS, MTP_FLAGS, write_tiny_deepseek
 
-from .test_speculative import _assert_greedy_equal, _greedy_one_by_one, random_prompt
-from .test_tenants import TENANTS, auth, write_tenants_file
+from .helpers import TENANTS, assert_greedy_equal, auth, greedy_one_by_one, random_prompt, write_tenants_file
 
 pytestmark = pytest.mark.e2e
 
@@ -131,9 +130,9 @@ def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one
         # NOTE: upstream SGLang's MTP on this model is not lossless on CPU: plain SGLang gives two identical
         # greedy requests outputs that part after a few tokens. The first token comes from the prefill alone
         # (a fresh prefill runs MLA decompressed, a cached prefix absorbed: a float tie may break either way).
-        reference, gaps = _greedy_one_by_one(server, keys["initech"], prompt, 1)  # initech: cache off
+        reference, gaps = greedy_one_by_one(server, keys["initech"], prompt, 1)  # initech: cache off
         for r in (first, repeat, other):
-            _assert_greedy_equal(r["output_ids"][:1], reference, gaps)
+            assert_greedy_equal(r["output_ids"][:1], reference, gaps)
     else:
         assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]
     different = _ok(server, keys["acme"], [prompt[0], *reversed(prompt[1:])])  # the output depends on the context

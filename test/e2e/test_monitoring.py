@@ -10,7 +10,6 @@ isolation alert is silent; then a request whose namespace tag is forged on its w
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import subprocess
 import time
@@ -23,12 +22,13 @@ from typing import Any
 import pytest
 
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing import forge_tag
 from sglang_iso_testing.process import ServerProcess, free_port
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
-from .test_tenants import long_prompt
+from .helpers import long_prompt
 
 pytestmark = pytest.mark.e2e
 
@@ -57,13 +57,10 @@ def keys() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
     d = tmp_path_factory.mktemp("monitoring")
-    (d / "s.key").write_bytes(secrets.token_bytes(32))
     (d / "l3").mkdir()
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for tenant in ("acme", "globex", "limited"):
-        lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]']
-        lines += ["quota_tokens = 8000", "requests_per_minute = 1" if tenant == "limited" else ""]
-    (d / "t.toml").write_text("\n".join(lines) + "\n")
+    limited = {"quota_tokens": 8000, "requests_per_minute": 1}
+    tenants = {"acme": {"quota_tokens": 8000}, "globex": {"quota_tokens": 8000}, "limited": limited}
+    write_tenants_file(d, tenants, keys=keys, name="t.toml")
     srv = start_iso_server(
         "--tenants-file", str(d / "t.toml"), "--enable-hierarchical-cache", "--hicache-storage-backend", "file",
         "--enable-metrics",

@@ -15,7 +15,6 @@ with only its own pages is served normally, before and after.
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 from pathlib import Path
 
@@ -23,10 +22,11 @@ import pytest
 import torch
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv, request_json
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import CPU_SIZES
 
@@ -44,11 +44,7 @@ BACKENDS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {  # backend -> (s
 @pytest.mark.parametrize("backend", ["torch_native", "triton", pytest.param("flashinfer", marks=pytest.mark.gpu)])
 def test_planted_foreign_index_is_refused_and_aborts(tmp_path: Path, backend: str) -> None:
     keys = {name: new_api_key() for name in ("acme", "globex", "admin")}
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for name in ("acme", "globex"):
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
-    (tmp_path / "t.toml").write_text("\n".join(lines) + "\n")
+    write_tenants_file(tmp_path, ["acme", "globex"], keys=keys, name="t.toml")
     backend_env, backend_flags = BACKENDS[backend]
     env = {**plant_env(), **backend_env}
     model = _head_dim_64_model(tmp_path) if backend == "flashinfer" else tiny_model_path()

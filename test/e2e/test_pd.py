@@ -10,7 +10,6 @@ a prefill that tags KV for another namespace, and a transfer that stalls, is abo
 
 from __future__ import annotations
 
-import secrets
 import sys
 import threading
 import time
@@ -22,12 +21,13 @@ from typing import Any, NamedTuple
 import openai
 import pytest
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing import pd_faults
 from sglang_iso_testing.process import ServerProcess, free_port
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
-from .test_tenants import auth, long_prompt
+from .helpers import auth, long_prompt
 
 pytestmark = pytest.mark.e2e
 
@@ -47,18 +47,7 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tenants_file(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Path:
-    directory = tmp_path_factory.mktemp("pd")
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    lines = [
-        'namespace_secret_file = "secret.key"',
-        f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]',
-        f'router_key_sha256 = ["{key_sha256(keys["router"])}"]',
-    ]
-    for name in ("acme", "globex"):
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(keys[name])}"]']
-    path = directory / "tenants.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_tenants_file(tmp_path_factory.mktemp("pd"), ["acme", "globex"], keys=keys, router=True).path
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import secrets
 import string
 import time
 import uuid
@@ -19,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
@@ -40,13 +40,8 @@ def prompt(words: int = 60) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     d: Path = tmp_path_factory.mktemp("pressure")
-    (d / "s.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]']
-    for name in TENANTS:
-        lines += ["[[tenants]]", f'id = "{name}"', f'key_sha256 = ["{key_sha256(KEYS[name])}"]']
-        if name == "acme":
-            lines.append(f"quota_tokens = {QUOTA}")
-    (d / "t.toml").write_text("\n".join(lines) + "\n")
+    tenants = {name: {"quota_tokens": QUOTA} if name == "acme" else {} for name in TENANTS}
+    write_tenants_file(d, tenants, keys=KEYS, name="t.toml")
     # A small pool: quota eviction (acme) and LRU eviction happen during the module.
     srv = start_iso_server("--tenants-file", str(d / "t.toml"), "--max-total-tokens", "6144")
     try:

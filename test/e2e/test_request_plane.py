@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
-import secrets
 import socket
-import string
 import threading
 import time
 import uuid
@@ -22,10 +20,11 @@ from typing import Any
 import pytest
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
+from .helpers import assert_alive_and_isolated, call, gen_body, write_alpha_beta
 
 pytestmark = pytest.mark.e2e
 
@@ -38,21 +37,6 @@ def keys() -> dict[str, str]:
     return {name: new_api_key() for name in ("alpha", "beta", "admin")}
 
 
-def write_alpha_beta(directory: Path, keys: dict[str, str], *, beta_limit: int | None = None) -> Path:
-    """Tenants ``alpha`` and ``beta`` (optionally with beta's in-flight limit) and the admin key; returns the path."""
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    text = (
-        'namespace_secret_file = "secret.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]\n\n'
-        f'[[tenants]]\nid = "alpha"\nkey_sha256 = ["{key_sha256(keys["alpha"])}"]\n\n'
-        f'[[tenants]]\nid = "beta"\nkey_sha256 = ["{key_sha256(keys["beta"])}"]\n'
-    )
-    if beta_limit is not None:
-        text += f"max_concurrent_requests = {beta_limit}\n"
-    (directory / "tenants.toml").write_text(text)
-    return directory / "tenants.toml"
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
     path = write_alpha_beta(tmp_path_factory.mktemp("tenants"), keys, beta_limit=BETA_LIMIT)
@@ -62,56 +46,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> It
         yield srv
     finally:
         srv.stop()
-
-
-def call(
-    server: ServerProcess,
-    method: str,
-    path: str,
-    body: Any = None,
-    key: str | None = None,
-    *,
-    raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout_s: float = 120.0,
-) -> tuple[int, Any, dict[str, str]]:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout_s)
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    hdrs = {"Content-Type": "application/json", **(headers or {})}
-    if key is not None:
-        hdrs["Authorization"] = f"Bearer {key}"
-    try:
-        conn.request(method, path, body=data, headers=hdrs)
-        resp = conn.getresponse()
-        payload = resp.read()
-        try:
-            decoded: Any = json.loads(payload)
-        except ValueError:
-            decoded = payload.decode(errors="replace")
-        return resp.status, decoded, {k.lower(): v for k, v in resp.getheaders()}
-    finally:
-        conn.close()
-
-
-def gen_body(text: str, max_new_tokens: int = 2, **extra: Any) -> dict[str, Any]:
-    return {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
-
-
-# NOTE: every other prompt of these modules starts lowercase; an uppercase single-letter first word (split off by
-# the byte-level pre-tokenizer) makes a cross-tenant "cached_tokens == 0" exact, not approximate.
-_FIRST_WORDS = iter(string.ascii_uppercase)
-
-
-def assert_alive_and_isolated(server: ServerProcess, keys: dict[str, str]) -> None:
-    """Both tenants served; same-tenant hit (positive control), cross-tenant miss."""
-    text = f"{next(_FIRST_WORDS)} {uuid.uuid4().hex} " + " ".join(f"clause {i}" for i in range(20))
-    metas = []
-    for tenant in ("alpha", "alpha", "beta"):
-        status, out, _ = call(server, "POST", "/generate", gen_body(text), keys[tenant])
-        assert status == 200, out
-        metas.append(out["meta_info"])
-    assert metas[1]["cached_tokens"] > metas[1]["prompt_tokens"] // 2, metas
-    assert metas[2]["cached_tokens"] == 0, metas
 
 
 class Stream:

@@ -20,8 +20,7 @@ from sglang_iso_testing.process import ServerProcess, free_port
 from sglang_iso_testing.routing import ROUTING_KEY_HEADER, router_argv, wait_for_workers
 
 from .conftest import start_iso_server
-from .test_frontend import TWO_TENANTS, write_two_tenants_file
-from .test_tenants import auth, long_prompt
+from .helpers import TWO_TENANTS, auth, long_prompt, write_two_tenants_file
 
 pytestmark = pytest.mark.e2e
 

@@ -30,16 +30,16 @@ from sglang_iso_testing.eagle_head import write_eagle_head
 from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.process import ServerProcess
 
-from .test_speculative import (
+from .helpers import (
     NEW_TOKENS,
     TENANTS,
-    _assert_greedy_equal,
-    _generate,
-    _greedy_one_by_one,
+    assert_greedy_equal,
+    auth,
+    generate_ids,
+    greedy_one_by_one,
     random_prompt,
     spec_server,
 )
-from .test_tenants import auth
 
 pytestmark = pytest.mark.e2e
 
@@ -106,31 +106,31 @@ def test_target_and_draft_kv_reused_within_a_tenant_only_and_output_is_lossless(
 ) -> None:
     prompt = _prompt()
     before = _reused(server, keys)
-    first = _generate(server, keys["acme"], prompt)
+    first = generate_ids(server, keys["acme"], prompt)
     assert first["meta_info"]["spec_verify_ct"] > 0, first["meta_info"]  # it did speculate
     assert first["meta_info"]["cached_tokens"] == 0
     after_first = _reused(server, keys)
     assert after_first == before
 
-    repeat = _generate(server, keys["acme"], prompt)  # positive control: target and draft KV reused
+    repeat = generate_ids(server, keys["acme"], prompt)  # positive control: target and draft KV reused
     cached = repeat["meta_info"]["cached_tokens"]
     # the scheduler looks up all tokens but the last; pair keys cover one position fewer
     assert cached == PROMPT_LEN - (2 if algorithm in PAIR_KEYED else 1), repeat["meta_info"]
     after_repeat = _reused(server, keys)
     assert after_repeat - after_first == cached  # the draft KV of every reused token was there
 
-    other = _generate(server, keys["globex"], prompt)  # isolation: globex misses both
+    other = generate_ids(server, keys["globex"], prompt)  # isolation: globex misses both
     assert other["meta_info"]["cached_tokens"] == 0, other["meta_info"]
     assert _reused(server, keys) == after_repeat
 
     _admin(server, keys, spec_plant.ZERO_DRAFT + "acme")  # the counter really reads the draft pool
-    zeroed = _generate(server, keys["acme"], prompt)
+    zeroed = generate_ids(server, keys["acme"], prompt)
     assert zeroed["meta_info"]["cached_tokens"] == cached
     assert _reused(server, keys) == after_repeat  # target KV reused, draft KV found zero
 
-    reference, gaps = _greedy_one_by_one(server, keys["initech"], prompt)
+    reference, gaps = greedy_one_by_one(server, keys["initech"], prompt)
     for r in (first, repeat, other, zeroed):
-        _assert_greedy_equal(r["output_ids"], reference, gaps)
+        assert_greedy_equal(r["output_ids"], reference, gaps)
     tree = _state(server, keys)["tree_cache"]
     assert tree["draft_buffers"] > 0 and tree["owner_draft_step_checks"] > 0  # draft pool scrubbed, steps checked
     assert tree["owner_violations"] == 0  # no false positives on draft, verify or draft-extend passes
@@ -140,21 +140,21 @@ def test_reuse_stops_where_the_draft_kv_depends_on_a_different_next_token(
     server: ServerProcess, keys: dict[str, str], algorithm: str
 ) -> None:
     prompt = _prompt()
-    first = _generate(server, keys["acme"], prompt)
+    first = generate_ids(server, keys["acme"], prompt)
     agree = PROMPT_LEN - 10
     fork = [*prompt[:agree], *random_prompt(10)]
     fork[agree] = prompt[agree] + 1  # differs from token ``agree`` on
     before = _reused(server, keys)
-    forked = _generate(server, keys["acme"], fork)
+    forked = generate_ids(server, keys["acme"], fork)
     # STANDALONE: the agreeing tokens; EAGLE: one fewer (that position's draft KV was made with prompt[agree] next)
     expected = agree - 1 if algorithm in PAIR_KEYED else agree
     assert forked["meta_info"]["cached_tokens"] == expected, (algorithm, forked["meta_info"])
     assert _reused(server, keys) - before == expected  # draft KV of exactly those positions
-    other = _generate(server, keys["globex"], fork)  # isolation: globex misses both
+    other = generate_ids(server, keys["globex"], fork)  # isolation: globex misses both
     assert other["meta_info"]["cached_tokens"] == 0, other["meta_info"]
-    reference, gaps = _greedy_one_by_one(server, keys["initech"], fork)
+    reference, gaps = greedy_one_by_one(server, keys["initech"], fork)
     for r in (forked, other):
-        _assert_greedy_equal(r["output_ids"], reference, gaps)
+        assert_greedy_equal(r["output_ids"], reference, gaps)
     if algorithm != "STANDALONE":  # the echo head's drafts are accepted: the draft model really ran
         assert first["meta_info"]["spec_accept_length"] > 1, first["meta_info"]
 
@@ -169,7 +169,7 @@ def test_reuse_stops_where_the_draft_kv_depends_on_a_different_next_token(
 def test_planted_foreign_slot_in_a_draft_pass_is_refused(
     server: ServerProcess, keys: dict[str, str], kind: str
 ) -> None:
-    _generate(server, keys["globex"], _prompt())  # globex owns pages
+    generate_ids(server, keys["globex"], _prompt())  # globex owns pages
     before = _state(server, keys)["tree_cache"]
     planted_before = _testing(server, keys)["planted_read_zero"]
     _admin(server, keys, f"{PLANT}{kind}:acme")
@@ -184,12 +184,12 @@ def test_planted_foreign_slot_in_a_draft_pass_is_refused(
     assert after["owner_violations"] > before["owner_violations"]
     assert _testing(server, keys)["planted_read_zero"] > planted_before  # zero in target and draft pools
     assert "TEST plant" in server.log_text()
-    again = _generate(server, keys["acme"], _prompt())  # served normally afterwards
+    again = generate_ids(server, keys["acme"], _prompt())  # served normally afterwards
     assert again["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_accept_stats_per_request_or_admin_only(server: ServerProcess, keys: dict[str, str]) -> None:
-    own = _generate(server, keys["hooli"], _prompt())
+    own = generate_ids(server, keys["hooli"], _prompt())
     assert own["meta_info"]["spec_accept_length"] >= 1  # the caller's own request only
     for path in ("/get_server_info", "/metrics"):
         status, _ = server.get_with(path, auth(keys["acme"]))
@@ -201,7 +201,7 @@ def test_accept_stats_per_request_or_admin_only(server: ServerProcess, keys: dic
 def test_every_free_page_is_zero_in_target_and_draft_pools(server: ServerProcess, keys: dict[str, str]) -> None:
     # Poison and check end to end: after real traffic (request releases free the speculative over-allocation,
     # a tenant flush frees tree pages), every free page is zero in the target's and the draft's buffers.
-    _generate(server, keys["globex"], _prompt())
+    generate_ids(server, keys["globex"], _prompt())
     _admin(server, keys, "sglang_iso.flush:acme")
     _admin(server, keys, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a planted non-zero free page is found
     _admin(server, keys, spec_plant.FREE_PAGES_ZERO)

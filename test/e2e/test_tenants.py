@@ -7,8 +7,6 @@ same-tenant cache hit in the same run (a server with caching off would fail it).
 from __future__ import annotations
 
 import json
-import secrets
-import string
 import subprocess
 import sys
 import time
@@ -18,50 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
 
 from .conftest import start_iso_server
+from .helpers import SHARED_SYSTEM_PROMPT, TENANTS, auth, generate, long_prompt, write_tenants_file
 
 pytestmark = pytest.mark.e2e
-
-TENANTS = ("acme", "globex", "initech", "hooli", "hooli-eu")
-SHARED_SYSTEM_PROMPT = " ".join(f"Rule {i}: answer politely and never reveal internal notes." for i in range(8))
 
 
 @pytest.fixture(scope="module")
 def keys() -> dict[str, str]:
     return {name: new_api_key() for name in (*TENANTS, "admin")}
-
-
-def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
-    (directory / "secret.key").write_bytes(secrets.token_bytes(32))
-    cache = {
-        "acme": "private",
-        "globex": "private",
-        "initech": "off",
-        "hooli": "group:hooli",
-        "hooli-eu": "group:hooli",
-    }
-    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]', ""]
-    for name in TENANTS:
-        lines += [
-            "[[tenants]]",
-            f'id = "{name}"',
-            f'key_sha256 = ["{key_sha256(keys[name])}"]',
-            f'cache = "{cache[name]}"',
-            "",
-        ]
-    lines += [
-        "[[shared_prefixes]]",
-        'name = "support-bot"',
-        f'messages = [{{role = "system", content = "{SHARED_SYSTEM_PROMPT}"}}]',
-        'tenants = ["acme", "globex"]',
-        "",
-    ]
-    path = directory / "tenants.toml"
-    path.write_text("\n".join(lines))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -77,31 +43,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> It
         yield srv
     finally:
         srv.stop()
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-# NOTE: each prompt starts with its own single-letter word, because the byte-level
-# pre-tokenizer splits at the space: no two prompts of this module share even
-# their first token, so a cross-tenant "cached_tokens == 0" is exact, not approximate.
-_FIRST_WORDS = iter(string.ascii_letters)
-
-
-def long_prompt() -> str:
-    nonce = uuid.uuid4().hex
-    return f"{next(_FIRST_WORDS)} memo {nonce}: " + " ".join(f"clause {i} of contract {nonce[:8]}" for i in range(12))
-
-
-def generate(server: ServerProcess, key: str, text: str, **extra: object) -> dict:
-    status, out = server.post(
-        "/generate",
-        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}, **extra},
-        headers=auth(key),
-    )
-    assert status == 200, out
-    return out["meta_info"]
 
 
 def test_missing_or_unknown_key_is_401_json(server: ServerProcess) -> None:

@@ -1,0 +1,207 @@
+"""Helpers shared by the e2e modules: the tenants files they serve, prompts, and HTTP calls with a tenant's key.
+
+(Test modules import from here and from ``conftest``, never from each other.)
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import string
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import write_tenants_file as write_tenants
+
+from .conftest import start_iso_server
+
+TENANTS = ("acme", "globex", "initech", "hooli", "hooli-eu")
+SHARED_SYSTEM_PROMPT = " ".join(f"Rule {i}: answer politely and never reveal internal notes." for i in range(8))
+
+
+def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
+    """The five tenants (two private, one with cache off, a group of two), a shared prefix for acme and globex."""
+    cache = {"acme": "private", "globex": "private", "initech": "off", "hooli": "group:hooli"}
+    cache["hooli-eu"] = "group:hooli"
+    support_bot = {
+        "name": "support-bot",
+        "messages": [{"role": "system", "content": SHARED_SYSTEM_PROMPT}],
+        "tenants": ["acme", "globex"],
+    }
+    tenants = {name: {"cache": cache[name]} for name in TENANTS}
+    return write_tenants(directory, tenants, keys=keys, shared_prefixes=[support_bot]).path
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# NOTE: each prompt starts with its own single-letter word, because the byte-level
+# pre-tokenizer splits at the space: no two prompts of this module share even
+# their first token, so a cross-tenant "cached_tokens == 0" is exact, not approximate.
+_FIRST_WORDS = iter(string.ascii_letters)
+
+
+def long_prompt() -> str:
+    nonce = uuid.uuid4().hex
+    return f"{next(_FIRST_WORDS)} memo {nonce}: " + " ".join(f"clause {i} of contract {nonce[:8]}" for i in range(12))
+
+
+def generate(server: ServerProcess, key: str, text: str, **extra: object) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"text": text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}, **extra},
+        headers=auth(key),
+    )
+    assert status == 200, out
+    return out["meta_info"]
+
+
+TWO_TENANTS = ("acme", "globex")
+
+
+def write_two_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
+    """A tenants file with ``acme`` and ``globex`` (both ``private``) and the admin key; returns its path.
+
+    ``keys`` maps "acme", "globex" and "admin" to API keys. Servers given the same file share the secret,
+    so they derive the same namespace ids (the router tests rely on this).
+    """
+    return write_tenants(directory, {name: {"cache": "private"} for name in TWO_TENANTS}, keys=keys).path
+
+
+def write_alpha_beta(directory: Path, keys: dict[str, str], *, beta_limit: int | None = None) -> Path:
+    """Tenants ``alpha`` and ``beta`` (optionally with beta's in-flight limit) and the admin key; returns the path."""
+    beta = {} if beta_limit is None else {"max_concurrent_requests": beta_limit}
+    return write_tenants(directory, {"alpha": {}, "beta": beta}, keys=keys).path
+
+
+def call(
+    server: ServerProcess,
+    method: str,
+    path: str,
+    body: Any = None,
+    key: str | None = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 120.0,
+) -> tuple[int, Any, dict[str, str]]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout_s)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    if key is not None:
+        hdrs["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        payload = resp.read()
+        try:
+            decoded: Any = json.loads(payload)
+        except ValueError:
+            decoded = payload.decode(errors="replace")
+        return resp.status, decoded, {k.lower(): v for k, v in resp.getheaders()}
+    finally:
+        conn.close()
+
+
+def gen_body(text: str, max_new_tokens: int = 2, **extra: Any) -> dict[str, Any]:
+    return {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
+
+
+# NOTE: every other prompt of these modules starts lowercase; an uppercase single-letter first word (split off by
+# the byte-level pre-tokenizer) makes a cross-tenant "cached_tokens == 0" exact, not approximate.
+_UPPER_FIRST_WORDS = iter(string.ascii_uppercase)
+
+
+def assert_alive_and_isolated(server: ServerProcess, keys: dict[str, str]) -> None:
+    """Both tenants served; same-tenant hit (positive control), cross-tenant miss."""
+    text = f"{next(_UPPER_FIRST_WORDS)} {uuid.uuid4().hex} " + " ".join(f"clause {i}" for i in range(20))
+    metas = []
+    for tenant in ("alpha", "alpha", "beta"):
+        status, out, _ = call(server, "POST", "/generate", gen_body(text), keys[tenant])
+        assert status == 200, out
+        metas.append(out["meta_info"])
+    assert metas[1]["cached_tokens"] > metas[1]["prompt_tokens"] // 2, metas
+    assert metas[2]["cached_tokens"] == 0, metas
+
+
+NEW_TOKENS = 16
+
+
+TIE_LOGPROB = 1e-2  # two tokens this close in logprob are a float tie, not a choice
+
+
+def spec_server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], *flags: str) -> Iterator[ServerProcess]:
+    """A tenant-keyed server with Triton attention in its interpreter, the test plugin, and speculative ``flags``."""
+    path: Path = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
+    srv = start_iso_server(
+        "--tenants-file", str(path), "--attention-backend", "triton", *flags, "--enable-metrics",
+        # NOTE: the Triton backend needs the interpreter on CPU; the plant switch arms only on an admin command
+        env={"TRITON_INTERPRET": "1", **plant_env()},
+    )  # fmt: skip
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+# NOTE: a distinct first token per prompt in the run, because two prompts agreeing on their first token share a
+# one-token prefix: a tenant's own earlier prompt would then be a legitimate hit where a test expects none.
+_FIRST_IDS = iter(random.Random(uuid.uuid4().int).sample(range(300, 2000), 1700))
+
+
+def random_prompt(length: int = 24) -> list[int]:
+    rng = random.Random(uuid.uuid4().int)
+    return [next(_FIRST_IDS), *(rng.randrange(300, 2000) for _ in range(length - 1))]
+
+
+def generate_ids(server: ServerProcess, key: str, ids: list[int], new_tokens: int = NEW_TOKENS) -> dict:
+    status, out = server.post(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}},
+        headers=auth(key),
+    )
+    assert status == 200, out
+    return out
+
+
+def greedy_one_by_one(
+    server: ServerProcess, key: str, ids: list[int], new_tokens: int = NEW_TOKENS
+) -> tuple[list[int], list[float]]:
+    """The greedy continuation one prefill at a time, with the logprob gap between the top two tokens of each step."""
+    out: list[int] = []
+    gaps: list[float] = []
+    for _ in range(new_tokens):
+        status, got = server.post(
+            "/generate",
+            {"input_ids": ids + out, "return_logprob": True, "top_logprobs_num": 2,
+             "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}},
+            headers=auth(key),
+        )  # fmt: skip
+        assert status == 200, got
+        assert "spec_verify_ct" not in got["meta_info"] or got["meta_info"]["spec_verify_ct"] == 0
+        top = got["meta_info"]["output_top_logprobs"][0]
+        gaps.append(top[0][0] - top[1][0])
+        out += got["output_ids"]
+    return out, gaps
+
+
+def assert_greedy_equal(output: list[int], reference: list[int], gaps: list[float]) -> None:
+    """Speculative output equals the reference; it may part from it only where the reference's top two tokens tie.
+
+    A verify pass scores several tokens in one extend, the reference one token per prefill: the float sums differ in
+    the last bits, so an exact tie between two tokens can break either way. Anything else is a real difference.
+    """
+    assert len(output) == len(reference)
+    for i, (got, want) in enumerate(zip(output, reference, strict=True)):
+        if got != want:
+            assert gaps[i] < TIE_LOGPROB, (i, output, reference, gaps)
+            return
