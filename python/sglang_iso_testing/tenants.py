@@ -14,13 +14,18 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import tomllib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the project's CI runs 3.11+
+    import tomli as tomllib
 
 ADMIN = "admin"
 ROUTER = "router"
