@@ -61,3 +61,21 @@ def test_only_the_integration_layer_imports_sglang() -> None:
         if name == "sglang" or name.startswith("sglang.")
     }
     assert importers == {"integration"}, importers  # positive control: the scanner does see integration's imports
+
+
+def test_e2e_modules_share_helpers_not_each_other() -> None:
+    e2e = PACKAGE.parents[1] / "test" / "e2e"
+    crossing = {
+        f"{path.name}: {node.module}"
+        for path in sorted(e2e.glob("test_*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1].startswith("test_")
+    }
+    helpers = {
+        path.name
+        for path in e2e.glob("test_*.py")
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.module == "helpers" and node.level == 1
+    }
+    assert len(helpers) > 5, helpers  # positive control: the scanner sees the modules' relative imports
+    assert not crossing, sorted(crossing)
