@@ -82,6 +82,9 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
         assert state.evictable == evictable[ns], f"{ns=} {state.evictable=} {evictable[ns]=}"
         assert state.protected == protected[ns], f"{ns=} {state.protected=} {protected[ns]=}"
         assert state.evictable >= 0 and state.protected >= 0, f"{ns=} {state.evictable=} {state.protected=}"
+    total_evictable, total_protected = sum(evictable.values()), sum(protected.values())
+    assert tree._evictable_total == total_evictable, f"{tree._evictable_total=} {total_evictable=}"
+    assert tree._protected_total == total_protected, f"{tree._protected_total=} {total_protected=}"
     for ns, state in tree._ns.items():
         kept = {id(n) for n in state.leaves}
         want = leaves.get(ns, set())

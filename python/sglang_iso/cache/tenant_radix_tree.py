@@ -284,6 +284,7 @@ class TenantRadixTree(TreeCore):
             state.evicted_tokens += state.evictable
             state.evictable = 0
             state.leaves.clear()
+        self._evictable_total = 0
         self._leaves.clear()
         self._resident.clear()
         for node in nodes:
@@ -311,10 +312,10 @@ class TenantRadixTree(TreeCore):
         return (state if state is not None else NamespaceState(ns)).snapshot()
 
     def evictable_size(self) -> int:
-        return sum(st.evictable for st in self._ns.values())
+        return self._evictable_total
 
     def protected_size(self) -> int:
-        return sum(st.protected for st in self._ns.values())
+        return self._protected_total
 
     def total_size(self) -> int:
         return self.evictable_size() + self.protected_size()

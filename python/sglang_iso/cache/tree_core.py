@@ -104,6 +104,10 @@ class TreeCore:
         self._quota_ns: set[str] = set()
         """Namespaces with a quota set (the only ones ``evict`` checks for excess first)."""
         self._resident: set[int] = set()
+        # NOTE: SGLang asks for the evictable and protected sizes several times per scheduler iteration; the sums
+        # over namespaces are kept here, beside every change of a namespace's counters, so the answer is O(1).
+        self._evictable_total = 0
+        self._protected_total = 0
         """Every slot currently owned by some node."""
         self._leaves: dict[TreeNode, None] = {}
         """Every namespace's evictable leaves (the union of ``NamespaceState.leaves``, same rule), as an
@@ -262,6 +266,7 @@ class TreeCore:
         node.children[page_key(leaf.key, 0, page)] = leaf
         state = self._state(expected_owner)
         state.evictable += len(new)
+        self._evictable_total += len(new)
         state.inserted_tokens += len(new)
         if isinstance(node, RootNode):
             if node.kind == "cont":
@@ -319,11 +324,15 @@ class TreeCore:
             size = len(walk.value)
             if delta > 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable - size, state.protected + size
+                self._evictable_total -= size
+                self._protected_total += size
                 state.leaves.pop(walk, None)
                 self._leaves.pop(walk, None)
             walk.lock_ref += delta
             if delta < 0 and walk.lock_ref == 0:
                 state.evictable, state.protected = state.evictable + size, state.protected - size
+                self._evictable_total += size
+                self._protected_total -= size
                 if not walk.children:
                     self._refresh_leaf(walk)
             walk = walk.parent
@@ -407,6 +416,7 @@ class TreeCore:
         state.leaves.pop(node, None)
         self._leaves.pop(node, None)
         state.evictable -= len(node.value)
+        self._evictable_total -= len(node.value)
         state.evicted_tokens += len(node.value)
         self._resident.difference_update(node.value)
         if self._spilling and self._spill_fn is not None:
