@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from sglang_iso import envvars
+from sglang_iso.integration import commands
 
 logger = logging.getLogger(__name__)
 
@@ -112,41 +113,22 @@ def _dp_rank() -> int:
     return int(rank) if rank is not None else 0
 
 
-# set_internal_state keys sglang-iso handles itself: "sglang_iso.flush:<tenant>" = 1 ("*": all tenants),
-# and "sglang_iso.check_integrity" = 1 (the reply's ``updated`` is the check's outcome).
-FLUSH_COMMAND = "sglang_iso.flush:"
-# "sglang_iso.flush_adapter:<lora id>" = 1: drop the entries of one adapter load (sent after an unload).
-FLUSH_ADAPTER_COMMAND = "sglang_iso.flush_adapter:"
-CHECK_COMMAND = "sglang_iso.check_integrity"
-# PD transfers: "sglang_iso.pd_status" (no-op, the reply carries the state), "sglang_iso.pd_reclaim" (release the
-# pages of timed-out transfers, scrubbed).
-PD_STATUS_COMMAND = "sglang_iso.pd_status"
-PD_RECLAIM_COMMAND = "sglang_iso.pd_reclaim"
-
-
-def _pd_command(key: str) -> bool:
+def _pd_command(command: commands.Command) -> bool:
     from sglang_iso.integration import pd_transfer
 
     guard = pd_transfer.ACTIVE
     if guard is None:
         return False
-    if key == PD_RECLAIM_COMMAND:
+    if command == commands.PD_RECLAIM:
         guard.reclaim()
     return True
 
 
 def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND ``set_internal_state``: run sglang-iso commands in the scheduler, pass the rest on."""
+    """AROUND ``set_internal_state``: run sglang-iso's commands (:mod:`~sglang_iso.integration.commands`) in the
+    scheduler, pass any other request on. A request mixing ours with SGLang's keys is refused (``updated`` False)."""
     requested = getattr(recv_req, "server_args", None) or {}
-    ours = [
-        k
-        for k in requested
-        if isinstance(k, str)
-        and (
-            k.startswith((FLUSH_COMMAND, FLUSH_ADAPTER_COMMAND))
-            or k in (CHECK_COMMAND, PD_STATUS_COMMAND, PD_RECLAIM_COMMAND)
-        )
-    ]
+    ours = [c for c in map(commands.parse, requested) if c is not None]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
@@ -155,20 +137,18 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
     if len(ours) != len(requested) or not hasattr(tree_cache, "flush_owner"):
         return SetInternalStateReqOutput(updated=False)
     ok = True
-    for key in ours:
-        if key == CHECK_COMMAND:
+    for command in ours:
+        if command == commands.CHECK_INTEGRITY:
             ok = ok and tree_cache.check_integrity()
-            continue
-        if key.startswith(FLUSH_ADAPTER_COMMAND):
-            released = tree_cache.flush_adapter(key[len(FLUSH_ADAPTER_COMMAND) :])
-            logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", key, released)
-            continue
-        if key in (PD_STATUS_COMMAND, PD_RECLAIM_COMMAND):
-            ok = ok and _pd_command(key)
-            continue
-        released = tree_cache.flush_owner(key[len(FLUSH_COMMAND) :])
-        from sglang_iso.integration.spec_ngram import flush_tenant
+        elif command.kind == "flush_adapter":
+            released = tree_cache.flush_adapter(command.argument)
+            logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", command.argument, released)
+        elif command.kind in ("pd_status", "pd_reclaim"):
+            ok = ok and _pd_command(command)
+        else:
+            released = tree_cache.flush_owner(command.argument)
+            from sglang_iso.integration.spec_ngram import flush_tenant
 
-        flush_tenant(key[len(FLUSH_COMMAND) :])  # and its NGRAM draft text, if any
-        logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", key[len(FLUSH_COMMAND) :], released)
+            flush_tenant(command.argument)  # and its NGRAM draft text, if any
+            logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", command.argument, released)
     return SetInternalStateReqOutput(updated=ok)

@@ -156,11 +156,9 @@ def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: An
 
 async def _flush_load(manager: Any, lora_id: str) -> None:
     """Release the KV computed with an unloaded adapter load: no request can match it again."""
-    from sglang.srt.managers.io_struct import SetInternalStateReq
-
-    from sglang_iso.integration.hooks import FLUSH_ADAPTER_COMMAND
+    from sglang_iso.integration import commands
 
     try:
-        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_ADAPTER_COMMAND + lora_id: 1}))
+        await commands.send(manager, commands.flush_adapter(lora_id))
     except Exception:  # NOTE: unreachable entries are evicted anyway; a failed flush only delays that
         logger.exception("sglang-iso: flushing the entries of an unloaded adapter failed")

@@ -15,8 +15,8 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
     """Add the /iso/* routes to SGLang's FastAPI ``app``; they read ``front.config`` at each call."""
     from fastapi.responses import ORJSONResponse
 
+    from sglang_iso.integration import commands
     from sglang_iso.integration.cache_report import ROW_COUNTERS, SHARE_COUNTERS
-    from sglang_iso.integration.hooks import CHECK_COMMAND, FLUSH_COMMAND, PD_RECLAIM_COMMAND, PD_STATUS_COMMAND
 
     async def iso_tenants() -> Any:
         config = front.config
@@ -65,38 +65,30 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                 },
                 status_code=400,
             )
-        from sglang.srt.managers.io_struct import SetInternalStateReq
-
         owner = tenant.group or tenant.id
-        results = await tokenizer_manager.set_internal_state(
-            SetInternalStateReq(server_args={FLUSH_COMMAND + owner: 1})
-        )
+        results = await commands.send(tokenizer_manager, commands.flush(owner))
         ok = bool(results) and all(results)
         return ORJSONResponse(
             {"flushed": ok, "tenant": tenant.id, "namespace_owner": owner}, status_code=200 if ok else 500
         )
 
     async def iso_check() -> Any:
-        from sglang.srt.managers.io_struct import SetInternalStateReq
-
-        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={CHECK_COMMAND: 1}))
+        results = await commands.send(tokenizer_manager, commands.CHECK_INTEGRITY)
         ok = bool(results) and all(results)
         return ORJSONResponse({"integrity_ok": ok}, status_code=200 if ok else 500)
 
-    async def iso_pd(command: str) -> Any:
-        from sglang.srt.managers.io_struct import SetInternalStateReq
-
-        results = await tokenizer_manager.set_internal_state(SetInternalStateReq(server_args={command: 1}))
+    async def iso_pd(command: commands.Command) -> Any:
+        results = await commands.send(tokenizer_manager, command)
         states = await tokenizer_manager.get_internal_state()
         pd = [s.get("sglang_iso", {}).get("pd") for s in states]
         ok = bool(results) and all(results)
         return ORJSONResponse({"ok": ok, "pd": pd}, status_code=200 if ok else 409)
 
     async def iso_pd_status() -> Any:
-        return await iso_pd(PD_STATUS_COMMAND)
+        return await iso_pd(commands.PD_STATUS)
 
     async def iso_pd_reclaim() -> Any:
-        return await iso_pd(PD_RECLAIM_COMMAND)
+        return await iso_pd(commands.PD_RECLAIM)
 
     app.add_api_route("/iso/pd", iso_pd_status, methods=["GET"])
     app.add_api_route("/iso/pd/reclaim", iso_pd_reclaim, methods=["POST"])

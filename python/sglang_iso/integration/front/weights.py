@@ -34,11 +34,9 @@ def after_weight_update(original: Any, manager: Any, *args: Any, **kwargs: Any) 
 
 
 async def _flush_all(manager: Any) -> None:
-    from sglang.srt.managers.io_struct import SetInternalStateReq
-
-    from sglang_iso.integration.hooks import FLUSH_COMMAND
+    from sglang_iso.integration import commands
 
     try:
-        await manager.set_internal_state(SetInternalStateReq(server_args={FLUSH_COMMAND + "*": 1}))
+        await commands.send(manager, commands.flush("*"))
     except Exception:  # NOTE: namespaces already changed; a failed flush only delays eviction
         logger.exception("sglang-iso: flushing old namespaces after a weight update failed")
