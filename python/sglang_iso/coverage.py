@@ -63,6 +63,13 @@ BYPASS_ENV: dict[str, str] = {
 STORAGE_FLAG = "--hicache-storage-backend"
 
 
+class NotCoveredError(RuntimeError):
+    """A feature, model, pool or setting sglang-iso does not harden: the server refuses to start, naming it.
+
+    The one error type of every refusal at start (the coverage table's, and the scheduler's own checks of pools,
+    draft models, NGRAM corpora and the host tier)."""
+
+
 @dataclass(frozen=True)
 class Features:
     """What a server would run with, as far as coverage goes. Immutable; build it with a ``from_*`` method."""

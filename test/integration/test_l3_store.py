@@ -147,7 +147,8 @@ def test_concurrent_flushes_from_two_ranks_are_both_kept(tmp_path: Path) -> None
 def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from sglang_iso.integration.backend import UnsupportedConfigError, _attach_host_tier
+    from sglang_iso.coverage import NotCoveredError
+    from sglang_iso.integration.backend import _attach_host_tier
     from sglang_iso.server.hicache_args import L3_DIR_ENV
 
     ctx = SimpleNamespace(
@@ -158,11 +159,11 @@ def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypat
     _attach_host_tier(cache, ctx, SECRET)  # type: ignore[arg-type]
     assert cache.host is not None and cache.host.l3 is None and cache.host.logical_size == 2 * 64
     monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
-    with pytest.raises(UnsupportedConfigError, match="needs --tenants-file"):
+    with pytest.raises(NotCoveredError, match="needs --tenants-file"):
         _attach_host_tier(make(4)[0], ctx, None)  # type: ignore[arg-type]
     (tmp_path / "blocked").write_text("a file, not a directory")
     monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "blocked" / "l3"))
-    with pytest.raises(UnsupportedConfigError, match="not usable"):
+    with pytest.raises(NotCoveredError, match="not usable"):
         _attach_host_tier(make(4)[0], ctx, SECRET)  # type: ignore[arg-type]
     monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
     ok, _, _ = make(4)

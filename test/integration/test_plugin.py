@@ -11,6 +11,7 @@ from sglang.srt.mem_cache.registry import get_radix_cache_factory
 from sglang.srt.plugins.hook_registry import HookRegistry
 
 from sglang_iso import plugin
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import backend, hook_table, hooks
 
 REQUIRED_HOOK_TARGETS = hook_table.targets(required=hook_table.Required.SCHEDULER)
@@ -62,7 +63,7 @@ def test_factory_refuses_a_draft_model_with_the_host_tier(algorithm: str, monkey
         server_args=SimpleNamespace(speculative_algorithm=algorithm), params=SimpleNamespace(is_eagle=True),
         is_hybrid_swa=False, is_hybrid_ssm=False, is_dsa=False, enable_hierarchical_cache=True,
     )  # fmt: skip
-    with pytest.raises(backend.UnsupportedConfigError, match=f"{algorithm} with --enable-hierarchical-cache"):
+    with pytest.raises(NotCoveredError, match=f"{algorithm} with --enable-hierarchical-cache"):
         backend.build_tenant_cache(ctx)  # type: ignore[arg-type]
     ngram = SimpleNamespace(**{**vars(ctx), "server_args": SimpleNamespace(speculative_algorithm="NGRAM")})
     with pytest.raises(Exception) as err:  # positive control: NGRAM passes the refusals (then needs real pools)

@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.plugins.hook_registry import HookRegistry
 
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table, owner_check, spec_draft
 from sglang_iso.integration.owner_check import OwnerTable
@@ -142,7 +143,7 @@ def test_uncovered_draft_configurations_are_refused(problem: str, monkeypatch: p
     elif problem in ("pool_class", "pool_tensor"):
         runner.token_to_kv_pool = _pool(_PoolWithTail if problem == "pool_class" else MHATokenToKVPool)
         runner.token_to_kv_pool.tail = torch.zeros(SIZE + 1, 8)  # a tensor the scrubber does not know
-    with pytest.raises(spec_draft.UncoveredDraftError, match="not covered") as err:
+    with pytest.raises(NotCoveredError, match="not covered") as err:
         spec_draft.attach_draft_pools(scheduler)
     if problem == "pool_class":
         assert "_PoolWithTail (not in the model-family table)" in str(err.value)
@@ -197,12 +198,11 @@ def test_decode_step_window_is_sanitized_before_the_draft_plans(
 
 
 def test_scheduler_refuses_uncovered_algorithms_before_any_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_iso.integration.backend import UnsupportedConfigError
     from sglang_iso.integration.hooks import REQUIRE_ENV, refuse_uncovered_speculative
 
     monkeypatch.setenv(REQUIRE_ENV, "1")
     for name in ("DFLASH", "FROZEN_KV_MTP", "UNO", "DSPARK"):
-        with pytest.raises(UnsupportedConfigError, match=f"--speculative-algorithm {name} "):
+        with pytest.raises(NotCoveredError, match=f"--speculative-algorithm {name} "):
             refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
     for name in (None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):  # positive control: covered ones start
         refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))

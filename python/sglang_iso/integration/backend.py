@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from sglang_iso import coverage, envvars
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table
 from sglang_iso.integration.frontend import tenants_config
@@ -28,16 +29,12 @@ SCRUB_MODES = ("on-free", "off")
 
 def scrub_mode() -> str:
     """Raises:
-    UnsupportedConfigError: an unknown mode (fail closed rather than run unscrubbed by typo).
+    NotCoveredError: an unknown mode (fail closed rather than run unscrubbed by typo).
     """
     mode = envvars.KV_SCRUB.get()
     if mode not in SCRUB_MODES:
-        raise UnsupportedConfigError(f"{SCRUB_ENV}={mode!r}: expected one of {SCRUB_MODES}")
+        raise NotCoveredError(f"{SCRUB_ENV}={mode!r}: expected one of {SCRUB_MODES}")
     return mode
-
-
-class UnsupportedConfigError(RuntimeError):
-    """The server configuration needs a tree cache feature the tenant cache does not have."""
 
 
 def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
@@ -46,7 +43,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     Raises:
         RuntimeError: a hook sglang-iso needs was not applied in this process
             (SGLang logs and skips failing hooks; we refuse instead).
-        UnsupportedConfigError: a feature the coverage table refuses at the scheduler
+        NotCoveredError: a feature the coverage table refuses at the scheduler
             (:mod:`sglang_iso.coverage`: DSA and hybrid SWA/Mamba models, KV pool classes outside the
             model-family table or with tensors scrub-on-free does not zero, uncovered speculative or HiCache setups,
             owner-check gaps, PD without a tenants file).
@@ -72,7 +69,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     )
     refused = coverage.refusals(features)
     if refused:
-        raise UnsupportedConfigError(f"sglang-iso: {coverage.explain(refused)}")
+        raise NotCoveredError(f"sglang-iso: {coverage.explain(refused)}")
     policies: dict[str, TenantPolicy] = {}
     if config is not None:
         for tenant in config.tenants.values():
@@ -114,19 +111,19 @@ def _attach_pd_guard(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret
     """On a prefill/decode worker, put the transfer quarantine and tag check on the pool (outermost).
 
     Raises:
-        UnsupportedConfigError: PD without a tenants file (its secret keys the transfer tag), or the PD hooks
+        NotCoveredError: PD without a tenants file (its secret keys the transfer tag), or the PD hooks
             were not applied in this process.
     """
     mode = str(getattr(ctx.server_args, "disaggregation_mode", None) or "null")
     if mode not in ("prefill", "decode") or cache.token_to_kv_pool_allocator is None:
         return
     if not secret:
-        raise UnsupportedConfigError("sglang-iso: --disaggregation-mode needs --tenants-file (its secret keys the tag)")
+        raise NotCoveredError("sglang-iso: --disaggregation-mode needs --tenants-file (its secret keys the tag)")
     from sglang_iso.integration import pd_transfer
 
     missing = hook_table.missing(required=hook_table.Required.PD)
     if missing:
-        raise UnsupportedConfigError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
+        raise NotCoveredError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
     guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, pd_transfer.drain_timeout_s())
     pd_transfer.ACTIVE = guard.install()
     cache.pd_guard = guard
@@ -137,7 +134,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     L3 file store when the launcher set its directory.
 
     Raises:
-        UnsupportedConfigError: L3 storage without a namespace secret, its directory cannot be created, or a
+        NotCoveredError: L3 storage without a namespace secret, its directory cannot be created, or a
             malformed overall cap.
     """
     import math
@@ -159,9 +156,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     if not directory:
         return
     if not secret:
-        raise UnsupportedConfigError(
-            "sglang-iso: L3 storage needs --tenants-file (its namespace secret keys the store)"
-        )
+        raise NotCoveredError("sglang-iso: L3 storage needs --tenants-file (its namespace secret keys the store)")
     layout = f"page={cache.page_size};tp={ctx.tp_rank}/{ctx.tp_size};" + ";".join(
         f"{b.dtype}{tuple(b.shape[1:])}" for b in buffers
     )
@@ -173,7 +168,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("must be positive")
     except ValueError:
-        raise UnsupportedConfigError(
+        raise NotCoveredError(
             f"sglang-iso: {envvars.L3_MAX_BYTES.name}={raw_max!r}: expected a positive number of bytes "
             "(set by the launcher from --iso-l3-max-gb)"
         ) from None
@@ -187,9 +182,9 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
             max_bytes=max_bytes,
         )
     except OSError as exc:
-        raise UnsupportedConfigError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
+        raise NotCoveredError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
     except ValueError as exc:
-        raise UnsupportedConfigError(f"sglang-iso: L3 storage: {exc} (raise --iso-l3-max-gb)") from None
+        raise NotCoveredError(f"sglang-iso: L3 storage: {exc} (raise --iso-l3-max-gb)") from None
     for owner, settings in cache.policies.items():
         cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
     logger.info(

@@ -14,7 +14,7 @@ of these keys for itself and passes any other request on to SGLang. Keys:
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 Kind = Literal["flush", "flush_adapter", "check_integrity", "pd_status", "pd_reclaim"]
 
@@ -53,9 +53,9 @@ def parse(key: object) -> Command | None:
         return None
     name, colon, argument = key[len(_PREFIX) :].partition(":")
     if colon and name in _WITH_ARGUMENT:
-        return Command(name, argument)  # type: ignore[arg-type]  (name is one of _WITH_ARGUMENT)
+        return Command(cast(Kind, name), argument)
     if not colon and name in _PLAIN:
-        return Command(name)  # type: ignore[arg-type]  (name is one of _PLAIN)
+        return Command(cast(Kind, name))
     return None
 
 

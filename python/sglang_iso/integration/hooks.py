@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from sglang_iso import envvars
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import commands
 
 logger = logging.getLogger(__name__)
@@ -39,17 +40,16 @@ def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any,
     model of the wrong kind may fail to load before the tree cache factory could name the flag.
 
     Raises:
-        UnsupportedConfigError: the tenant tree is selected with a feature :mod:`sglang_iso.coverage` refuses.
+        NotCoveredError: the tenant tree is selected with a feature :mod:`sglang_iso.coverage` refuses.
     """
     if os.environ.get(REQUIRE_ENV) != "1" and getattr(server_args, "radix_cache_backend", None) != "tenant":
         return
     from sglang_iso import coverage
-    from sglang_iso.integration.backend import UnsupportedConfigError
 
     features = coverage.Features.from_server_args(server_args, kv_owner_check=False, tenants_file=True)
     refused = coverage.refusals(features, group="tree")
     if refused:
-        raise UnsupportedConfigError(f"sglang-iso: {coverage.explain(refused)}")
+        raise NotCoveredError(f"sglang-iso: {coverage.explain(refused)}")
 
 
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -61,7 +61,7 @@ def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_k
 
     Raises:
         UnhardenedCacheError: the live ``scheduler.tree_cache`` is another class.
-        UncoveredDraftError: a speculative draft model the scrubber and owner check would not cover.
+        NotCoveredError: a speculative draft model the scrubber and owner check would not cover.
     """
     status = tree_cache_status(getattr(scheduler, "tree_cache", None))
     if status["is_tenant"]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
 
@@ -35,16 +36,12 @@ _METADATA_ATTRS = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_st
 _ALLOC_METHODS = ("alloc", "alloc_extend", "alloc_decode")
 
 
-class UnsupportedPoolError(RuntimeError):
-    """The KV pool layout is not one the scrubber knows how to zero."""
-
-
 class KvScrubber:
     """Zeroes freed pages of one allocator's KV pool. Single-threaded (scheduler thread)."""
 
     def __init__(self, allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> None:
         """Raises:
-        UnsupportedPoolError: the pool has none of the known buffer attributes.
+        NotCoveredError: the pool has none of the known buffer attributes.
         """
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
@@ -52,7 +49,7 @@ class KvScrubber:
         self.forward_stream = forward_stream
         self.buffers = kv_buffers(allocator.get_kvcache())
         if not self.buffers:
-            raise UnsupportedPoolError(f"no KV buffers found on {type(allocator.get_kvcache()).__name__}")
+            raise NotCoveredError(f"no KV buffers found on {type(allocator.get_kvcache()).__name__}")
         self.pending: list[torch.Tensor] = []  # page ids released but not yet zeroed
         self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
         self.scrub_calls = 0

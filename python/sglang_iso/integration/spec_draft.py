@@ -36,11 +36,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_iso.coverage import NotCoveredError
+
 logger = logging.getLogger(__name__)
-
-
-class UncoveredDraftError(RuntimeError):
-    """A draft-model configuration whose passes the owner check or scrubber would not cover."""
 
 
 def check_before_spec_step(worker: Any, batch: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -80,7 +78,7 @@ def attach_draft_pools(scheduler: Any) -> int:
     check's zero page; returns how many buffers were added (0 without a draft model).
 
     Raises:
-        UncoveredDraftError: a draft runner has its own row table or allocator, a KV pool class outside the
+        NotCoveredError: a draft runner has its own row table or allocator, a KV pool class outside the
             model-family table or with a tensor scrub-on-free does not zero, the hook is missing, or the
             worker uses adaptive steps or a page-size > 1 top-k > 1 draft layout.
     """
@@ -134,6 +132,6 @@ def attach_draft_pools(scheduler: Any) -> int:
             cache.owners.add_draft_buffers(buffers)
         added += len(buffers)
     if problems:
-        raise UncoveredDraftError(f"sglang-iso: speculative draft model not covered: {'; '.join(problems)}")
+        raise NotCoveredError(f"sglang-iso: speculative draft model not covered: {'; '.join(problems)}")
     logger.info("sglang-iso: draft KV pool under scrub/owner check (%d buffers, same slots as the target)", added)
     return added

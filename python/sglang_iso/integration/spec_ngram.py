@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sglang_iso import envvars
+from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import tenant_of
 
 logger = logging.getLogger(__name__)
@@ -44,17 +45,13 @@ _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
 
 
-class UnsupportedNgramConfigError(RuntimeError):
-    """An NGRAM option that per-namespace corpora do not cover."""
-
-
 def corpus_mode() -> str:
     """Raises:
-    UnsupportedNgramConfigError: an unknown mode (fail closed rather than share by typo).
+    NotCoveredError: an unknown mode (fail closed rather than share by typo).
     """
     mode = envvars.NGRAM_CORPUS.get()
     if mode not in ("namespace", "shared"):
-        raise UnsupportedNgramConfigError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
+        raise NotCoveredError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
     return mode
 
 
@@ -62,7 +59,7 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
     """AFTER ``NGRAMWorker.__init__``: replace the global corpus by per-namespace corpora.
 
     Raises:
-        UnsupportedNgramConfigError: an external (operator) corpus was configured.
+        NotCoveredError: an external (operator) corpus was configured.
     """
     from sglang.srt.runtime_context import get_spec
 
@@ -75,7 +72,7 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
         return
     spec = get_spec()
     if spec.speculative_ngram_external_corpus_path is not None:
-        raise UnsupportedNgramConfigError(
+        raise NotCoveredError(
             "sglang-iso: --speculative-ngram-external-corpus-path is not supported with per-namespace NGRAM "
             f"corpora; drop it or set {CORPUS_ENV}=shared"
         )
