@@ -205,9 +205,7 @@ class OwnerTable:
         return slot
 
     def owner_of_req(self, req: Any) -> int:
-        from sglang.srt.mem_cache.radix_cache import RadixKey
-
-        ns = self.cache._namespace(RadixKey([], req.extra_key, cache_salt=req.cache_salt))
+        ns = self.cache.namespace_of_request(req.extra_key, req.cache_salt)
         slot = self.slot_of(ns)
         if slot not in self._allowed_rows:
             self._fill_allowed(slot, ns)

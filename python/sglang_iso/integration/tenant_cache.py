@@ -346,6 +346,11 @@ class TenantRadixCache(BasePrefixCache):
             return None
         return ns, tokens
 
+    def namespace_of_request(self, extra_key: str | None, cache_salt: str | None) -> str | None:
+        """The tree namespace of a request with these fields (its verified tag), configuring it on first sight;
+        None when the tag does not verify (counted by the resolver: such a request shares nothing)."""
+        return self._namespace(RadixKey([], extra_key, cache_salt=cache_salt))
+
     def _namespace(self, key: RadixKey) -> str | None:
         ns = self.resolver.resolve_namespace(key.extra_key, key.cache_salt)
         if ns is None:
