@@ -8,6 +8,7 @@ target, so every SGLang process gets them.
 
 from __future__ import annotations
 
+from sglang_iso import envvars
 from sglang_iso.platform import bootstrap
 
 bootstrap.apply()
@@ -20,7 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import sys
 
-    from sglang_iso.integration.hooks import REQUIRE_ENV
     from sglang_iso.server.args import add_iso_args, plan_launch
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -61,25 +61,19 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    os.environ[REQUIRE_ENV] = "1"
+    os.environ[envvars.REQUIRE_TENANT_CACHE.name] = "1"
     for name, value in plan.env_added:
         os.environ[name] = value
         logging.getLogger("sglang_iso").warning("sglang-iso: added environment default: %s=%s", name, value)
-    from sglang_iso.integration.backend import SCRUB_ENV
 
-    os.environ[SCRUB_ENV] = plan.kv_scrub
-    from sglang_iso.integration.owner_check import OWNER_CHECK_ENV
+    os.environ[envvars.KV_SCRUB.name] = plan.kv_scrub
 
-    os.environ[OWNER_CHECK_ENV] = plan.kv_owner_check
+    os.environ[envvars.KV_OWNER_CHECK.name] = plan.kv_owner_check
     if plan.audit_log is not None:
-        from sglang_iso.observability import AUDIT_LOG_ENV
-
-        os.environ[AUDIT_LOG_ENV] = plan.audit_log
+        os.environ[envvars.AUDIT_LOG.name] = plan.audit_log
     if plan.tenants_file is not None:
-        from sglang_iso.integration.frontend import METRICS_AUTH_ENV, TENANTS_FILE_ENV
-
-        os.environ[TENANTS_FILE_ENV] = plan.tenants_file
-        os.environ[METRICS_AUTH_ENV] = plan.metrics_auth
+        os.environ[envvars.TENANTS_FILE.name] = plan.tenants_file
+        os.environ[envvars.METRICS_AUTH.name] = plan.metrics_auth
         logging.getLogger("sglang_iso").warning(
             "sglang-iso: %d tenants from %s", len(config.tenants), plan.tenants_file
         )

@@ -11,9 +11,6 @@ from sglang_iso import envvars
 
 logger = logging.getLogger(__name__)
 
-TEST_PLUGINS_ENV = envvars.TEST_PLUGINS.name
-TESTING_ENV = envvars.TESTING.name
-
 
 def register() -> None:
     """Apply CPU compatibility, register the ``tenant`` backend and our hooks.
@@ -48,16 +45,16 @@ def test_plugin_refusal(env: Mapping[str, str]) -> str | None:
     Such code corrupts requests on purpose, so it loads only with the explicit switch
     ``SGLANG_ISO_TESTING=1`` that only the test harness sets; the launcher and every process refuse otherwise.
     """
-    names = env.get(TEST_PLUGINS_ENV, "").strip()
-    if not names or env.get(TESTING_ENV) == "1":
+    names = env.get(envvars.TEST_PLUGINS.name, "").strip()
+    if not names or env.get(envvars.TESTING.name) == "1":
         return None
     return (
-        f"{TEST_PLUGINS_ENV}={names} loads test-only code into the server; refusing to start "
-        f"(only the test harness sets it, together with {TESTING_ENV}=1)"
+        f"{envvars.TEST_PLUGINS.name}={names} loads test-only code into the server; refusing to start "
+        f"(only the test harness sets it, together with {envvars.TESTING.name}=1)"
     )
 
 
 def _load_test_plugins(env: Mapping[str, str]) -> None:
-    for name in filter(None, (n.strip() for n in env.get(TEST_PLUGINS_ENV, "").split(","))):
+    for name in filter(None, (n.strip() for n in env.get(envvars.TEST_PLUGINS.name, "").split(","))):
         importlib.import_module(name).register()
-        logger.warning("sglang-iso: TEST plugin %s loaded (%s=1): not for production", name, TESTING_ENV)
+        logger.warning("sglang-iso: TEST plugin %s loaded (%s=1): not for production", name, envvars.TESTING.name)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_iso import envvars
+
 logger = logging.getLogger(__name__)
 
 MARKER = "sglang-iso-test:forge-tag"
@@ -20,9 +22,8 @@ TARGET = "sglang.srt.managers.scheduler.Scheduler.handle_generate_request"
 
 def plugin_env() -> dict[str, str]:
     """Environment for a server that loads this plugin (test harness only)."""
-    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
 
-    return {TESTING_ENV: "1", TEST_PLUGINS_ENV: __name__}
+    return {envvars.TESTING.name: "1", envvars.TEST_PLUGINS.name: __name__}
 
 
 def register() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from sglang_iso import envvars
 from sglang_iso.integration import pd_transfer
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,8 @@ _stalled: dict[str, list[int]] = {}  # transfer key -> its pages (poisoned once 
 
 def plugin_env() -> dict[str, str]:
     """Environment for a server that loads this plugin (test harness only)."""
-    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
 
-    return {TESTING_ENV: "1", TEST_PLUGINS_ENV: __name__}
+    return {envvars.TESTING.name: "1", envvars.TEST_PLUGINS.name: __name__}
 
 
 def register() -> None:

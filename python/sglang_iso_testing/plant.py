@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sglang_iso import envvars
 from sglang_iso.identity.tags import tenant_of
 
 logger = logging.getLogger(__name__)
@@ -34,9 +35,8 @@ COMMAND = "sglang_iso_testing.plant:"
 
 def plant_env() -> dict[str, str]:
     """Environment for a server that loads this plugin (test harness only)."""
-    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
 
-    return {TESTING_ENV: "1", TEST_PLUGINS_ENV: __name__}
+    return {envvars.TESTING.name: "1", envvars.TEST_PLUGINS.name: __name__}
 
 
 class _PlantState:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_iso.integration.hooks import REQUIRE_ENV
+from sglang_iso import envvars
 from sglang_iso.models import tiny_model_path
 from sglang_iso_testing.process import ServerProcess, ServerStartError, baseline_server_argv, free_port
 
@@ -27,7 +27,9 @@ def test_without_our_plugin_the_launcher_refuses_to_start() -> None:
 def test_scheduler_check_refuses_the_default_tree_cache() -> None:
     # Upstream's default tree cache with enforcement on: our scheduler hook must stop it.
     port = free_port()
-    server = ServerProcess(baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env={REQUIRE_ENV: "1"})
+    server = ServerProcess(
+        baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env={envvars.REQUIRE_TENANT_CACHE.name: "1"}
+    )
     with pytest.raises(ServerStartError) as err:
         server.start(timeout_s=240)
     server.keep_log = False  # an expected refusal: its log tail is in the error

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_iso import envvars
 from sglang_iso.integration import dp_routing
 from sglang_iso.integration.front import state
-from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 from sglang_iso.server.dp import tenant_rank
 from sglang_iso.server.gate import STATE_TENANT
 from sglang_iso.tenancy.config import load_tenants_file
@@ -40,7 +40,7 @@ def _routed(tenant: str | None) -> int | None:
 
 def test_rank_follows_a_reload_into_a_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     group = next(g for g in (f"g{i}" for i in range(100)) if tenant_rank(g, DP) != tenant_rank("acme", DP))
-    monkeypatch.setenv(TENANTS_FILE_ENV, str(tmp_path / "a" / "t.toml"))
+    monkeypatch.setenv(envvars.TENANTS_FILE.name, str(tmp_path / "a" / "t.toml"))
     monkeypatch.setattr(state, "_CURRENT", SimpleNamespace(config=_config(tmp_path / "a", None)))
     assert _routed("acme") == tenant_rank("acme", DP)
     assert _routed(None) is None  # no authenticated tenant: the load balancer decides, nothing shared

@@ -21,6 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.plugins.hook_registry import HookRegistry
 
+from sglang_iso import envvars
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table, owner_check, spec_draft
@@ -198,15 +199,15 @@ def test_decode_step_window_is_sanitized_before_the_draft_plans(
 
 
 def test_scheduler_refuses_uncovered_algorithms_before_any_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_iso.integration.hooks import REQUIRE_ENV, refuse_uncovered_speculative
+    from sglang_iso.integration.hooks import refuse_uncovered_speculative
 
-    monkeypatch.setenv(REQUIRE_ENV, "1")
+    monkeypatch.setenv(envvars.REQUIRE_TENANT_CACHE.name, "1")
     for name in ("DFLASH", "FROZEN_KV_MTP", "UNO", "DSPARK"):
         with pytest.raises(NotCoveredError, match=f"--speculative-algorithm {name} "):
             refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
     for name in (None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):  # positive control: covered ones start
         refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
-    monkeypatch.delenv(REQUIRE_ENV)  # an upstream server (benchmark baseline) is left alone
+    monkeypatch.delenv(envvars.REQUIRE_TENANT_CACHE.name)  # an upstream server (benchmark baseline) is left alone
     refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm="DFLASH", radix_cache_backend=None))
 
 

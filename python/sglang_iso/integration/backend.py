@@ -9,7 +9,7 @@ from sglang_iso import coverage, envvars
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table
-from sglang_iso.integration.frontend import tenants_config
+from sglang_iso.integration.front.gate import tenants_config
 from sglang_iso.integration.owner_check import owner_check_mode
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 
@@ -23,7 +23,6 @@ __all__ = ["TenantRadixCache", "build_tenant_cache"]
 
 
 # "on-free" (default) or "off"; set by the launcher's --kv-scrub, inherited by the scheduler.
-SCRUB_ENV = envvars.KV_SCRUB.name
 SCRUB_MODES = ("on-free", "off")
 
 
@@ -33,7 +32,7 @@ def scrub_mode() -> str:
     """
     mode = envvars.KV_SCRUB.get()
     if mode not in SCRUB_MODES:
-        raise NotCoveredError(f"{SCRUB_ENV}={mode!r}: expected one of {SCRUB_MODES}")
+        raise NotCoveredError(f"{envvars.KV_SCRUB.name}={mode!r}: expected one of {SCRUB_MODES}")
     return mode
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 from typing import Any
 
+from sglang_iso import envvars
 from sglang_iso.server.dp import tenant_rank
 
 logger = logging.getLogger(__name__)
@@ -25,10 +26,9 @@ logger = logging.getLogger(__name__)
 
 def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``TokenizerManager.generate_request``: set ``obj.routed_dp_rank`` from the tenant."""
-    from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 
     dp_size = int(getattr(getattr(manager, "server_args", None), "dp_size", 1) or 1)
-    if dp_size <= 1 or os.environ.get(TENANTS_FILE_ENV) is None or not hasattr(obj, "routed_dp_rank"):
+    if dp_size <= 1 or os.environ.get(envvars.TENANTS_FILE.name) is None or not hasattr(obj, "routed_dp_rank"):
         return
     from sglang_iso.server.gate import STATE_TENANT
 

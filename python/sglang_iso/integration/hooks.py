@@ -18,7 +18,6 @@ from sglang_iso.integration import commands
 logger = logging.getLogger(__name__)
 
 # Set by sglang-iso's launcher; inherited by every spawned SGLang process.
-REQUIRE_ENV = envvars.REQUIRE_TENANT_CACHE.name
 
 
 class UnhardenedCacheError(RuntimeError):
@@ -42,7 +41,10 @@ def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any,
     Raises:
         NotCoveredError: the tenant tree is selected with a feature :mod:`sglang_iso.coverage` refuses.
     """
-    if os.environ.get(REQUIRE_ENV) != "1" and getattr(server_args, "radix_cache_backend", None) != "tenant":
+    if (
+        os.environ.get(envvars.REQUIRE_TENANT_CACHE.name) != "1"
+        and getattr(server_args, "radix_cache_backend", None) != "tenant"
+    ):
         return
     from sglang_iso import coverage
 
@@ -55,7 +57,7 @@ def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any,
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: refuse to serve with a tree cache that is not ours.
 
-    Enforced only when sglang-iso's launcher started the server (``REQUIRE_ENV``),
+    Enforced only when sglang-iso's launcher started the server (``envvars.REQUIRE_TENANT_CACHE.name``),
     so a plain upstream server started from the same environment (the baseline of
     our benchmarks) keeps working.
 
@@ -68,7 +70,7 @@ def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_k
         from sglang_iso.integration.spec_draft import attach_draft_pools
 
         attach_draft_pools(scheduler)  # a draft model's KV pool: scrubbed and zero-paged like the target's
-    if os.environ.get(REQUIRE_ENV) != "1":
+    if os.environ.get(envvars.REQUIRE_TENANT_CACHE.name) != "1":
         logger.info("sglang-iso: tree cache %s (not enforced in this process)", status["impl"])
         return
     if not status["is_tenant"]:

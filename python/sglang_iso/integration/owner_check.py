@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 
 FREE = -1
 UNTAGGED = 0  # requests without a verified namespace: they never share, so one slot for all is enough
-OWNER_CHECK_ENV = envvars.KV_OWNER_CHECK.name  # "on" (default) or "off"
 _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
@@ -385,5 +384,5 @@ def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
 def owner_check_mode() -> str:
     mode = envvars.KV_OWNER_CHECK.get()
     if mode not in ("on", "off"):
-        raise ValueError(f"{OWNER_CHECK_ENV}={mode!r}: expected 'on' or 'off'")
+        raise ValueError(f"{envvars.KV_OWNER_CHECK.name}={mode!r}: expected 'on' or 'off'")
     return mode

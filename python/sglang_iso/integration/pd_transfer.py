@@ -42,7 +42,6 @@ from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_ENV = envvars.PD_DRAIN_TIMEOUT_S.name
 DEFAULT_DRAIN_TIMEOUT_S = float(envvars.PD_DRAIN_TIMEOUT_S.default or 60)
 TAG_COLUMNS = slice(1, 1 + TAG_WORDS)  # NOTE: SGLang uses only column 0 of the 8-wide (64 B) room row
 
@@ -77,7 +76,7 @@ def drain_timeout_s() -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ValueError(f"{DRAIN_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+        raise ValueError(f"{envvars.PD_DRAIN_TIMEOUT_S.name}={raw!r}: expected a positive number of seconds")
     return value
 
 

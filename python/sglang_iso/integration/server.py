@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from sglang_iso import envvars
+
 
 def add_sglang_cli_args(parser: argparse.ArgumentParser) -> None:
     """Add every SGLang server flag, exactly as ``sglang serve`` defines them."""
@@ -37,9 +39,8 @@ def _require_frontend_hooks() -> None:
         RuntimeError: naming the hooks that are missing.
     """
     from sglang_iso.integration import hook_table
-    from sglang_iso.integration.frontend import TENANTS_FILE_ENV
 
-    if not os.environ.get(TENANTS_FILE_ENV):
+    if not os.environ.get(envvars.TENANTS_FILE.name):
         return
     missing = hook_table.missing(required=hook_table.Required.TENANTS_FILE)
     if missing:

@@ -37,9 +37,6 @@ from sglang_iso.identity.tags import tenant_of
 
 logger = logging.getLogger(__name__)
 
-CORPUS_ENV = envvars.NGRAM_CORPUS.name  # "namespace" (default) or "shared"
-CAPACITY_ENV = envvars.NGRAM_NS_CAPACITY.name  # trie nodes per namespace corpus (each is preallocated)
-MAX_NAMESPACES_ENV = envvars.NGRAM_MAX_NAMESPACES.name  # corpora kept before the least recently used is dropped
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
@@ -51,7 +48,7 @@ def corpus_mode() -> str:
     """
     mode = envvars.NGRAM_CORPUS.get()
     if mode not in ("namespace", "shared"):
-        raise NotCoveredError(f"{CORPUS_ENV}={mode!r}: expected 'namespace' or 'shared'")
+        raise NotCoveredError(f"{envvars.NGRAM_CORPUS.name}={mode!r}: expected 'namespace' or 'shared'")
     return mode
 
 
@@ -67,14 +64,14 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
         logger.warning(
             "sglang-iso: %s=shared: one NGRAM corpus for all tenants; accept rates and tokens per second "
             "reveal other tenants' text",
-            CORPUS_ENV,
+            envvars.NGRAM_CORPUS.name,
         )
         return
     spec = get_spec()
     if spec.speculative_ngram_external_corpus_path is not None:
         raise NotCoveredError(
             "sglang-iso: --speculative-ngram-external-corpus-path is not supported with per-namespace NGRAM "
-            f"corpora; drop it or set {CORPUS_ENV}=shared"
+            f"corpora; drop it or set {envvars.NGRAM_CORPUS.name}=shared"
         )
     kwargs = {
         "min_bfs_breadth": spec.speculative_ngram_min_bfs_breadth,
@@ -125,7 +122,7 @@ def flush_tenant(tenant: str) -> int:
 def _resolver() -> tuple[Any, frozenset[str]]:
     """The namespace resolver and the owners (tenant or group ids) whose cache policy is ``off``."""
     from sglang_iso.identity.tags import NamespaceResolver
-    from sglang_iso.integration.frontend import tenants_config
+    from sglang_iso.integration.front.gate import tenants_config
 
     config = tenants_config()
     if config is None:

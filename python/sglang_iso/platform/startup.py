@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 # Top-level modules whose import needs the shims on a CPU-only torch.
 TRIGGER_MODULES = frozenset({"sglang", "torchvision"})
-DISABLE_ENV = envvars.NO_CPU_HOOK.name
 PTH_NAME = "sglang_iso_cpu_hook.pth"
 # NOTE: one line, executed by site.py at every interpreter start; it must never raise (a broken line
 # prints a traceback in every process), so a removed package or a failing import is ignored.
@@ -60,7 +59,7 @@ class ShimOnFirstImport:
 
 def install() -> bool:
     """Put the finder in front of ``sys.meta_path`` (idempotent). False when disabled or not needed."""
-    if os.environ.get(DISABLE_ENV) == "1":
+    if os.environ.get(envvars.NO_CPU_HOOK.name) == "1":
         return False
     if any(isinstance(f, ShimOnFirstImport) for f in sys.meta_path):
         return True

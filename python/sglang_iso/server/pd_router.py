@@ -41,7 +41,6 @@ from sglang_iso.server.pd_rules import ROUTER_TENANT_PATHS, parallel_samples
 
 logger = logging.getLogger(__name__)
 
-ROUTER_KEY_ENV = envvars.ROUTER_KEY.name
 # Admin-key reads the front gate passes on to sglang-router (readiness and worker health).
 ADMIN_PASS_PATHS = frozenset({"/workers"})
 
@@ -49,7 +48,7 @@ ADMIN_PASS_PATHS = frozenset({"/workers"})
 def router_front_argv(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sglang-iso router", add_help=False, allow_abbrev=False)
     parser.add_argument("--tenants-file", required=True)
-    parser.add_argument("--router-key-env", default=ROUTER_KEY_ENV)
+    parser.add_argument("--router-key-env", default=envvars.ROUTER_KEY.name)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     ours, rest = parser.parse_known_args(argv)

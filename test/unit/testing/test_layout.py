@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_iso import envvars
+
 ROOT = Path(__file__).resolve().parents[3]
 RUNTIME = ROOT / "python" / "sglang_iso"
 IMPORT_TESTING = re.compile(r"^\s*(from|import)\s+sglang_iso_testing\b", re.MULTILINE)
@@ -42,14 +44,14 @@ def test_the_harness_modules_exist_where_the_tests_expect_them() -> None:
 
 
 def test_test_plugins_need_the_testing_switch() -> None:
-    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV, test_plugin_refusal
+    from sglang_iso.plugin import test_plugin_refusal
     from sglang_iso_testing.plant import plant_env
 
     assert test_plugin_refusal({}) is None
     assert test_plugin_refusal(plant_env()) is None
-    refusal = test_plugin_refusal({TEST_PLUGINS_ENV: "sglang_iso_testing.plant"})
-    assert refusal is not None and TEST_PLUGINS_ENV in refusal and "sglang_iso_testing.plant" in refusal
-    assert test_plugin_refusal({TEST_PLUGINS_ENV: "x", TESTING_ENV: "0"}) is not None
+    refusal = test_plugin_refusal({envvars.TEST_PLUGINS.name: "sglang_iso_testing.plant"})
+    assert refusal is not None and envvars.TEST_PLUGINS.name in refusal and "sglang_iso_testing.plant" in refusal
+    assert test_plugin_refusal({envvars.TEST_PLUGINS.name: "x", envvars.TESTING.name: "0"}) is not None
 
 
 def test_launcher_refuses_a_test_plugin_without_the_switch() -> None:
@@ -57,15 +59,13 @@ def test_launcher_refuses_a_test_plugin_without_the_switch() -> None:
     import subprocess
     import sys
 
-    from sglang_iso.plugin import TEST_PLUGINS_ENV, TESTING_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != TESTING_ENV}
-    env[TEST_PLUGINS_ENV] = "sglang_iso_testing.plant"
+    env = {k: v for k, v in os.environ.items() if k != envvars.TESTING.name}
+    env[envvars.TEST_PLUGINS.name] = "sglang_iso_testing.plant"
     argv = [sys.executable, "-m", "sglang_iso.cli", "serve", "--model-path", "m", "--iso-dry-run"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2
-    assert f"{TEST_PLUGINS_ENV}=sglang_iso_testing.plant" in out.stderr
-    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, TESTING_ENV: "1"})
+    assert f"{envvars.TEST_PLUGINS.name}=sglang_iso_testing.plant" in out.stderr
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, envvars.TESTING.name: "1"})
     assert ok.returncode == 0, ok.stderr  # positive control: the harness's switch lets it through
 
 
