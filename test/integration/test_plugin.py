@@ -10,7 +10,7 @@ from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.registry import get_radix_cache_factory
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-from sglang_iso import plugin
+from sglang_iso import envvars, plugin
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import backend, hook_table, hooks
 
@@ -48,11 +48,11 @@ def test_factory_refuses_when_hooks_were_not_applied(monkeypatch: pytest.MonkeyP
 
 def test_scheduler_check_refuses_a_foreign_tree_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     scheduler = SimpleNamespace(tree_cache=object())
-    monkeypatch.setenv(hooks.REQUIRE_ENV, "1")
+    monkeypatch.setenv(envvars.REQUIRE_TENANT_CACHE.name, "1")
     with pytest.raises(hooks.UnhardenedCacheError, match="object"):
         hooks.verify_scheduler_tree_cache(None, scheduler)
     # Not enforced for a plain upstream server started from the same environment.
-    monkeypatch.delenv(hooks.REQUIRE_ENV)
+    monkeypatch.delenv(envvars.REQUIRE_TENANT_CACHE.name)
     hooks.verify_scheduler_tree_cache(None, scheduler)
 
 

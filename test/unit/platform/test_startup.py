@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sglang_iso import envvars
 from sglang_iso.platform import startup
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the hook only matters on a CPU-only torch")
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the hook only
 
 def _fresh(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     # NOTE: the hook is part of the environment, not of this test process: a clean interpreter, no PYTHONSTARTUP.
-    clean = {k: v for k, v in os.environ.items() if k not in (startup.DISABLE_ENV, "SGLANG_USE_CPU_ENGINE")}
+    clean = {k: v for k, v in os.environ.items() if k not in (envvars.NO_CPU_HOOK.name, "SGLANG_USE_CPU_ENGINE")}
     return subprocess.run(
         [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=300
     )
@@ -41,7 +42,7 @@ def test_import_torchvision_first() -> None:
 
 def test_without_the_hook_torchvision_fails() -> None:
     # Negative control: the hook, nothing else, is what makes the imports above work.
-    out = _fresh("import torchvision", **{startup.DISABLE_ENV: "1"})
+    out = _fresh("import torchvision", **{envvars.NO_CPU_HOOK.name: "1"})
     assert out.returncode != 0
     assert "torchvision::nms" in out.stderr
 

@@ -92,7 +92,7 @@ def test_every_package_is_shipped_by_pyproject() -> None:
 def test_the_plugin_refuses_test_plugins_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang_iso import plugin
 
-    monkeypatch.setenv(plugin.TEST_PLUGINS_ENV, "sglang_iso_testing.plant")
-    monkeypatch.delenv(plugin.TESTING_ENV, raising=False)
-    with pytest.raises(RuntimeError, match=plugin.TEST_PLUGINS_ENV):
+    monkeypatch.setenv(envvars.TEST_PLUGINS.name, "sglang_iso_testing.plant")
+    monkeypatch.delenv(envvars.TESTING.name, raising=False)
+    with pytest.raises(RuntimeError, match=envvars.TEST_PLUGINS.name):
         plugin.register()  # NOTE: raises before registering anything, so the tenant backend stays unregistered
