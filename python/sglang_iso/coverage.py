@@ -114,6 +114,8 @@ class Features:
     """The model has SSM/Mamba layers (known at the scheduler only)."""
     dsa: bool = False
     """The model uses DSA sparse attention (at the launcher: read from a local model directory's config)."""
+    device: str | None = None
+    """The device SGLang runs on (``--device``; at the launcher ``cpu`` when not given and CUDA is absent)."""
     kv_pool_class: str | None = None
     """The class name of the scheduler's KV pool (None: not known at this stage)."""
     unscrubbed_tensors: frozenset[str] = frozenset()
@@ -128,6 +130,7 @@ class Features:
         kv_owner_check: bool,
         tenants_file: bool,
         model_config: Mapping[str, Any] | None = None,
+        cuda_available: bool = True,
     ) -> Features:
         """The features of an SGLang command line (the launcher's, before it rewrites the storage flag);
         ``model_config`` is the model directory's ``config.json`` when it is local."""
@@ -151,6 +154,7 @@ class Features:
             tokenizer_workers=flag_value(argv, "--tokenizer-worker-num"),
             bypass_env=frozenset(n for n in BYPASS_ENV if env.get(n, "").lower() in ("1", "true", "yes")),
             dsa=is_dsa_config(model_config or {}),
+            device=flag_value(argv, "--device") or (None if cuda_available else "cpu"),
         )
 
     @classmethod
@@ -187,6 +191,7 @@ class Features:
             hybrid_swa=hybrid_swa,
             hybrid_ssm=hybrid_ssm,
             dsa=dsa,
+            device=get("device"),
             kv_pool_class=kv_pool_class,
             unscrubbed_tensors=unscrubbed_tensors,
         )
@@ -278,8 +283,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "DSA sparse attention: GLM-5, DeepSeek-V3.2",
         "DSATokenToKVPool",
-        "refused",
-        "the indexer's page-indexed key cache and compress tails are not scrubbed yet",
+        "served",
+        "`test/integration/test_pool_coverage.py` (SGLang's DSA indexer has no CPU path: refused on CPU)",
     ),
     Family(
         "hybrid SWA: gpt-oss, Llama 4, MiMo-V2, Gemma 4", "SWAKVPool", "refused", "two sub-pools joined by an index map"
@@ -479,8 +484,25 @@ def _hybrid_ssm(f: Features) -> str | None:
     return "hybrid SSM/Mamba model" if f.hybrid_ssm else None
 
 
-def _dsa(f: Features) -> str | None:
-    return "DSA sparse attention models (their indexer's key cache is not scrubbed)" if f.dsa else None
+def _dsa_on_cpu(f: Features) -> str | None:
+    if not f.dsa or f.device != "cpu":
+        return None
+    return "DSA sparse attention models on --device cpu (SGLang's DSA indexer has no CPU path)"
+
+
+def _dsa_with_hicache(f: Features) -> str | None:
+    if not f.dsa or not f.hierarchical_cache:
+        return None
+    return "DSA sparse attention models with --enable-hierarchical-cache (the host tier does not carry index keys)"
+
+
+def _dsa_with_pd(f: Features) -> str | None:
+    if not f.dsa or f.disaggregation_mode is None:
+        return None
+    return (
+        "DSA sparse attention models with --disaggregation-mode "
+        "(transferred index keys and compress tails are outside the quarantine)"
+    )
 
 
 def _pool_class(f: Features) -> str | None:
@@ -566,7 +588,9 @@ ROWS: tuple[Row, ...] = (
     *(Row(f"`{name}=1` with a tenants file", _L, "launch", _bypass_env(name)) for name in BYPASS_ENV),
     Row("hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...)", _S, "tree", _hybrid_swa),
     Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _S, "tree", _hybrid_ssm),
-    Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...)", _LS, "tree", _dsa),
+    Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...) on `--device cpu`", _LS, "tree", _dsa_on_cpu),
+    Row("DSA sparse attention models with `--enable-hierarchical-cache`", _LS, "tree", _dsa_with_hicache),
+    Row("DSA sparse attention models with `--disaggregation-mode`", _LS, "tree", _dsa_with_pd),
     Row("a KV pool class outside the model-family table", _S, "tree", _pool_class),
     Row("a KV pool tensor that scrub-on-free does not zero", _S, "tree", _unscrubbed),
     Row(f"`--speculative-algorithm` other than {_ALGORITHMS}", _S, "tree", _speculative),

@@ -188,4 +188,5 @@ def test_a_dsa_model_is_refused_at_start_by_name(dsa_model: Path) -> None:
         srv.start(timeout_s=120)
     srv.keep_log = False  # an expected refusal: its log tail is in the error
     srv.stop()
-    assert "does not support DSA sparse attention models" in str(err.value)
+    assert "does not support DSA sparse attention models on --device cpu" in str(err.value)
+    assert "SGLang's DSA indexer has no CPU path" in str(err.value)

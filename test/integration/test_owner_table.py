@@ -131,3 +131,53 @@ def test_verify_pass_adopts_only_the_drafts_window() -> None:
     rtt[1, 1] = 30
     table.check_batch(_batch([1], [5], [], drafts=3))
     assert table.violating_rows == {1, 2} and int(table.page_owner[30]) == FREE
+
+
+def _poisoned_dsa_pool() -> object:
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    pool = DSATokenToKVPool(
+        size=256, page_size=64, kv_lora_rank=64, dtype=torch.bfloat16, qk_rope_head_dim=16, layer_num=2,
+        device="cpu", index_head_dim=128, enable_memory_saver=False, kv_cache_dim=80, index_buf_size=256,
+    )  # fmt: skip
+    for buf in [*pool.kv_buffer, *pool.index_key_cache.buffer]:
+        buf.view(torch.uint8).fill_(0x5A)
+    return pool
+
+
+def test_the_zero_page_is_zero_in_dsa_index_keys_of_target_and_draft() -> None:
+    """Reads of refused slots land on the zero page: its index-key row is zero too, in the target's pool and a
+    draft's, and again after a pass wrote into it; every other page keeps what it holds (control)."""
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+
+    from sglang_iso.integration.scrub import pool_tensors
+
+    target, draft = _poisoned_dsa_pool(), _poisoned_dsa_pool()
+    allocator = PagedTokenToKVPoolAllocator(256, 64, torch.bfloat16, "cpu", target, need_sort=False)
+    cache = SimpleNamespace(
+        token_to_kv_pool_allocator=allocator,
+        device=torch.device("cpu"),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(ROWS, 256, dtype=torch.int32)),
+        readable_shared=lambda ns: [],
+        namespace_of=lambda ns: SimpleNamespace(owner=ns),
+    )
+    table = OwnerTable(cache)
+    zero, other = table.zero_page, table.zero_page % 4 + 1
+    slots = slice(zero * 64, zero * 64 + 64)
+
+    def zero_everywhere(pool: object) -> bool:
+        tensors = pool_tensors(pool)
+        return all(int(torch.count_nonzero(b.view(torch.uint8)[slots])) == 0 for b in tensors.slots) and all(
+            int(torch.count_nonzero(b[zero])) == 0 for b in tensors.pages
+        )
+
+    assert zero_everywhere(target)
+    assert all(bool(torch.all(b[other] == 0x5A)) for b in pool_tensors(target).pages)  # control
+    assert not zero_everywhere(draft)
+    table.add_draft_pool(pool_tensors(draft))
+    assert zero_everywhere(draft) and table.draft_page_buffers
+    for pool in (target, draft):
+        pool.index_key_cache.buffer[0][zero] = 7  # a speculative pass wrote through a refused slot
+    table._rezero()
+    assert zero_everywhere(target) and zero_everywhere(draft)
+    assert all(bool(torch.all(b[other] == 0x5A)) for b in pool_tensors(draft).pages)  # control

@@ -1,8 +1,10 @@
 """Every KV pool class of the model-family table, built small on CPU from SGLang's own classes.
 
 Served pools: every tensor they hold is zeroed by scrub-on-free (poison, free, hand out again: all zero;
-slots never freed keep the poison). Refused pools (DSA) and a pool class SGLang might add (a subclass
-with one more tensor) are refused by the coverage table, naming the class and the tensor.
+slots never freed keep the poison). DSA's pool adds page-indexed index keys (row p of page p) and
+request-indexed compress tails, each zeroed on its own free path. A pool class SGLang might add (a subclass
+with one more tensor, or an index-key cache of another layout) is refused by the coverage table, naming the
+class and the tensor.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from typing import Any
 import pytest
 import torch
 from sglang.srt.mem_cache import memory_pool
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
 from sglang_iso import coverage
-from sglang_iso.integration.scrub import KvScrubber, kv_buffers, uncovered_tensors
+from sglang_iso.integration.scrub import KvScrubber, kv_buffers, pool_tensors, uncovered_tensors
 
 SIZE = 64
 LAYERS = 2
@@ -40,10 +43,22 @@ BUILDERS: dict[str, Callable[[type], Any]] = {
 }
 
 
-def _dsa_pool() -> Any:
+DSA_LAYOUTS = {
+    # name: (page size, index_kpool, compress tails, skip-topk layers)
+    "one index page per page": (64, 1, False, None),
+    "pooled index keys with compress tails": (128, 2, True, None),
+    "a layer sharing the previous top-k": (64, 1, False, [False, True]),
+}
+DSA_ROWS = 4  # max running requests: req_to_token and the tails have DSA_ROWS + 1 rows
+
+
+def _dsa_pool(layout: str = "one index page per page") -> Any:
+    page_size, kpool, compress, skip = DSA_LAYOUTS[layout]
     return memory_pool.DSATokenToKVPool(
-        size=256, page_size=64, kv_lora_rank=64, dtype=torch.bfloat16, qk_rope_head_dim=16, layer_num=LAYERS,
-        device="cpu", index_head_dim=128, enable_memory_saver=False, kv_cache_dim=80, index_buf_size=256,
+        size=4 * page_size, page_size=page_size, kv_lora_rank=64, dtype=torch.bfloat16, qk_rope_head_dim=16,
+        layer_num=LAYERS, device="cpu", index_head_dim=128, enable_memory_saver=False, kv_cache_dim=80,
+        index_buf_size=4 * page_size, index_kpool=kpool, index_kpool_compress=compress,
+        max_running_requests=DSA_ROWS, skip_topk_layers=skip,
     )  # fmt: skip
 
 
@@ -55,7 +70,7 @@ def _refusals(pool: Any) -> list[coverage.Refusal]:
 
 
 def test_every_served_pool_class_has_a_builder_here() -> None:
-    assert set(BUILDERS) == set(coverage.COVERED_POOLS)
+    assert {*BUILDERS, "DSATokenToKVPool"} == set(coverage.COVERED_POOLS)  # DSA: its own test below
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -81,13 +96,67 @@ def test_served_pool_is_zeroed_on_every_tensor(name: str) -> None:
         assert bool(torch.all(buf.view(torch.uint8)[kept.long()] == 0x5A)), (name, buf.shape)  # control
 
 
-def test_dsa_pool_is_refused_naming_its_index_key_cache() -> None:
-    pool = _dsa_pool()
-    assert "DSATokenToKVPool.index_key_cache" in uncovered_tensors(pool)
-    message = coverage.explain(_refusals(pool))
-    assert "DSATokenToKVPool" in message and "index_key_cache" in message, message
-    dsa = coverage.refusals(coverage.Features(stage="scheduler", dsa=True))
-    assert [r.feature for r in dsa] == ["DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...)"]
+@pytest.mark.parametrize("layout", sorted(DSA_LAYOUTS))
+def test_dsa_pool_zeroes_index_keys_by_page_and_tails_by_request(layout: str) -> None:
+    pool = _dsa_pool(layout)
+    assert uncovered_tensors(pool) == frozenset()
+    assert _refusals(pool) == []
+    tensors = pool_tensors(pool)
+    assert len(tensors.pages) == LAYERS - sum(DSA_LAYOUTS[layout][3] or [])  # empty shared-top-k layers left out
+    assert len(tensors.requests) == (2 * LAYERS if DSA_LAYOUTS[layout][2] else 0)
+    page_size = pool.page_size
+    allocator = PagedTokenToKVPoolAllocator(pool.size, page_size, torch.bfloat16, "cpu", pool, need_sort=False)
+    req_pool = ReqToTokenPool(size=DSA_ROWS, max_context_len=pool.size, device="cpu", enable_memory_saver=False)
+    scrubber = KvScrubber(allocator, req_pool).install()
+    freed, kept = allocator.alloc(page_size), allocator.alloc(page_size)
+    freed_page, kept_page = int(freed[0]) // page_size, int(kept[0]) // page_size
+    rows = req_pool.alloc_rows(2)
+    assert rows is not None
+    for buf in tensors.slots:
+        buf.view(torch.uint8)[torch.cat([freed, kept]).long()] = 0x5A
+    for buf in tensors.pages:
+        buf[[freed_page, kept_page]] = 0x5A
+    for buf in tensors.requests:
+        buf.view(torch.uint8)[rows] = 0x5A
+
+    allocator.free(freed)
+    req_pool.free_rows([rows[0]])
+    handed_out = allocator.alloc(allocator.available_size())
+    assert set(freed.tolist()) <= set(handed_out.tolist())
+    assert scrubber.scrubbed_pages >= 1
+    for buf in tensors.slots:
+        assert int(torch.count_nonzero(buf.view(torch.uint8)[freed.long()])) == 0, buf.shape
+        assert bool(torch.all(buf.view(torch.uint8)[kept.long()] == 0x5A)), buf.shape  # control
+    for buf in tensors.pages:
+        assert int(torch.count_nonzero(buf[freed_page])) == 0, buf.shape
+        assert bool(torch.all(buf[kept_page] == 0x5A)), buf.shape  # control: a live page keeps its keys
+    for buf in tensors.requests:
+        assert int(torch.count_nonzero(buf.view(torch.uint8)[rows[0]])) == 0, buf.shape
+        assert bool(torch.all(buf.view(torch.uint8)[rows[1]] == 0x5A)), buf.shape  # control: a live request
+
+
+def test_an_index_key_cache_of_another_layout_fails_closed() -> None:
+    """An index-key cache keeping another tensor, or split by decode context parallelism, is not the known
+    page-row layout: the pool is refused naming ``index_key_cache``."""
+    extra = _dsa_pool()
+    extra.index_key_cache.scales = torch.zeros(8, 4)
+    split = _dsa_pool()
+    split.index_page_size //= 2
+    for pool in (extra, split):
+        message = coverage.explain(_refusals(pool))
+        assert "DSATokenToKVPool.index_key_cache" in message, message
+        assert pool_tensors(pool).pages == []
+    assert _refusals(_dsa_pool()) == []  # control: the layout SGLang builds is served
+
+
+def test_dsa_request_tails_shorter_than_the_row_table_are_refused() -> None:
+    pool = _dsa_pool("pooled index keys with compress tails")
+    allocator = PagedTokenToKVPoolAllocator(pool.size, pool.page_size, torch.bfloat16, "cpu", pool, need_sort=False)
+    big = ReqToTokenPool(size=DSA_ROWS * 2, max_context_len=pool.size, device="cpu", enable_memory_saver=False)
+    with pytest.raises(coverage.NotCoveredError, match="req_to_token"):
+        KvScrubber(allocator, big)
+    same = ReqToTokenPool(size=DSA_ROWS, max_context_len=pool.size, device="cpu", enable_memory_saver=False)
+    assert KvScrubber(allocator, same).tensors.requests  # control
 
 
 def test_a_new_pool_class_with_one_more_tensor_fails_closed() -> None:

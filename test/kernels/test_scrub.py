@@ -87,6 +87,23 @@ def test_scrub_duplicates_and_empty_buffer_list(use_triton: bool, device, layout
     scrub_pages([], torch.tensor([1], device=device), 2, use_triton=use_triton)  # no-op
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_scrub_dsa_index_key_rows_by_page(seed: int, use_triton: bool, device, layout: str) -> None:
+    """DSA's index-key cache: one uint8 row of 64 fp8 keys + fp32 scales per 64-token page (row p is page p),
+    zeroed as pages of one row beside the MLA latent's 64-slot pages, as scrub-on-free calls it."""
+    gen = torch.Generator().manual_seed(seed)
+    num_pages, page_size = 6, 64
+    latent = [_random_buffer(gen, (num_pages * page_size, 1, 80), torch.bfloat16, device) for _ in range(LAYERS)]
+    index_rows = [_random_buffer(gen, (num_pages, page_size * 132), torch.uint8, device) for _ in range(LAYERS)]
+    before_latent, before_rows = [b.clone() for b in latent], [b.clone() for b in index_rows]
+    pages = torch.randperm(num_pages, generator=gen)[: int(torch.randint(1, num_pages, (1,), generator=gen))]
+    ids = pages.to(torch.int64).to(device)
+    scrub_pages(latent, ids, page_size, use_triton=use_triton)
+    scrub_pages(index_rows, ids, 1, use_triton=use_triton)
+    _assert_scrubbed(before_latent, latent, pages.tolist(), page_size)
+    _assert_scrubbed(before_rows, index_rows, pages.tolist(), 1)
+
+
 def test_scrub_misaligned_buffer_uses_bytes(use_triton: bool, device, layout: str) -> None:
     """A buffer whose base address is not 4-byte aligned must still scrub exactly its rows."""
     page_size, num_pages, row_bytes = 2, 4, 4

@@ -26,7 +26,8 @@ def test_readme_lists_exactly_the_model_families() -> None:
     found = re.search(r"<!-- family-table -->\n(.*?)\n<!-- /family-table -->", README.read_text(), re.S)
     assert found is not None, "README has no model-family table block"
     assert found.group(1) == coverage.families_markdown()
-    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"DSATokenToKVPool", "SWAKVPool"}
+    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"SWAKVPool", "HybridLinearKVPool"}
+    assert "DSATokenToKVPool" in coverage.COVERED_POOLS
 
 
 @pytest.mark.parametrize("pool", sorted(coverage.COVERED_POOLS))
@@ -49,9 +50,33 @@ def test_served_pool_classes_pass_and_others_are_refused_by_name(pool: str) -> N
     ],
 )
 def test_the_launcher_reads_dsa_from_the_model_config(config: dict, dsa: bool) -> None:
-    features = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config)
-    assert features.dsa is dsa
-    assert bool(refusals(features)) is dsa
+    """A DSA model is refused where SGLang's indexer cannot run (no CUDA, or ``--device cpu``), by name."""
+    cpu = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config, cuda_available=False)
+    assert cpu.dsa is dsa and cpu.device == "cpu"
+    assert [r.feature for r in refusals(cpu)] == (
+        ["DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...) on `--device cpu`"] if dsa else []
+    )
+    if dsa:
+        assert "SGLang's DSA indexer has no CPU path" in coverage.explain(refusals(cpu))
+    gpu = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config)
+    assert refusals(gpu) == []  # served on CUDA: every tensor of its pool is scrubbed
+    forced = Features.from_argv(["--device", "cpu"], {}, kv_owner_check=True, tenants_file=True, model_config=config)
+    assert bool(refusals(forced)) is dsa
+
+
+@pytest.mark.parametrize(
+    ("extra", "feature"),
+    [
+        ({"hierarchical_cache": True}, "DSA sparse attention models with `--enable-hierarchical-cache`"),
+        ({"disaggregation_mode": "prefill", "tenants_file": True},
+         "DSA sparse attention models with `--disaggregation-mode`"),
+    ],
+)  # fmt: skip
+def test_dsa_is_refused_with_tiers_that_do_not_carry_index_keys(extra: dict, feature: str) -> None:
+    stages: tuple[Stage, ...] = ("launch", "scheduler")
+    for stage in stages:
+        assert feature in {r.feature for r in refusals(Features(stage, dsa=True, device="cuda", **extra))}
+        assert feature not in {r.feature for r in refusals(Features(stage, device="cuda", **extra))}  # control
 
 
 def test_every_row_refuses_something_and_the_default_server_nothing() -> None:
@@ -74,17 +99,18 @@ def _probes(stage: Stage) -> list[Features]:
         "hybrid_swa": True,
         "hybrid_ssm": True,
         "dsa": True,
-        "kv_pool_class": "DSATokenToKVPool",
-        "unscrubbed_tensors": frozenset({"DSATokenToKVPool.index_key_cache"}),
+        "device": "cpu",
+        "kv_pool_class": "DSATokenToKVPoolV2",
+        "unscrubbed_tensors": frozenset({"DSATokenToKVPoolV2.index_key_cache"}),
     }
     bypass = {"bypass_flags": frozenset(coverage.BYPASS_FLAGS), "bypass_env": frozenset(coverage.BYPASS_ENV)}
     return [
         Features(stage, radix_cache_backend="flexkv"),
         Features(stage, disaggregation_mode="encode", tenants_file=True),
         Features(stage, disaggregation_mode="prefill", transfer_backend="nixl", tenants_file=True),
-        Features(stage, **pd, **pd_more, speculative_algorithm="EAGLE"),  # type: ignore[arg-type]
+        Features(stage, **pd, **pd_more, speculative_algorithm="EAGLE", dsa=True),  # type: ignore[arg-type]
         Features(stage, storage_backend="file"),
-        Features(stage, **hicache, speculative_algorithm="STANDALONE"),  # type: ignore[arg-type]
+        Features(stage, **hicache, speculative_algorithm="STANDALONE", dsa=True),  # type: ignore[arg-type]
         Features(stage, hierarchical_cache=True, storage_backend="file"),
         Features(stage, speculative_algorithm="DFLASH", **model),  # type: ignore[arg-type]
         Features(stage, tenants_file=True, tokenizer_workers="4", **bypass),  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import logging
 import weakref
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -46,6 +46,9 @@ from sglang_iso import envvars
 from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
+
+if TYPE_CHECKING:
+    from sglang_iso.integration.scrub import PoolTensors
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,8 @@ class OwnerTable:
         self.violations_by_owner: dict[str, int] = {}
         """Refused slots by the namespace owner (tenant or group; ``"open"`` without one) whose row held them."""
         self.violating_rows: set[int] = set()
-        self.draft_buffers: list[torch.Tensor] = []  # a draft model's KV buffers (same slots; spec_draft.py)
+        self.draft_buffers: list[torch.Tensor] = []  # a draft model's slot-row KV buffers (spec_draft.py)
+        self.draft_page_buffers: list[torch.Tensor] = []  # its page-row tensors (DSA index keys)
         self.draft_step_checks = 0  # speculative decode steps checked before any draft planning
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
@@ -114,18 +118,22 @@ class OwnerTable:
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
-        from sglang_iso.integration.scrub import kv_buffers
-        from sglang_iso_kernels import scrub_pages
-
         allocator = self.cache.token_to_kv_pool_allocator
         slots = allocator.alloc(self.page_size)
         if slots is None:
             raise RuntimeError("sglang-iso: could not reserve the zero page for the owner check")
         page = int(slots[0]) // self.page_size
-        buffers = kv_buffers(allocator.get_kvcache()) + getattr(self, "draft_buffers", [])
-        scrub_pages(buffers, torch.tensor([page], dtype=torch.int64, device=self.page_owner.device), self.page_size)
+        self._zero(page)
         self.page_owner[page] = self.zero_owner
         return page
+
+    def _zero(self, page: int) -> None:
+        """Zero ``page`` in every page-indexed tensor of the target and draft pools."""
+        from sglang_iso.integration.scrub import PoolTensors, pool_tensors, zero_pages
+
+        tensors = pool_tensors(self.cache.token_to_kv_pool_allocator.get_kvcache())
+        tensors = tensors.joined(PoolTensors(self.draft_buffers, self.draft_page_buffers, []))
+        zero_pages(tensors, torch.tensor([page], dtype=torch.int64, device=self.page_owner.device), self.page_size)
 
     # ------------------------------------------------------------------ wiring
     def install(self) -> OwnerTable:
@@ -184,14 +192,12 @@ class OwnerTable:
             self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
         below(indices)
 
-    def add_draft_buffers(self, buffers: list[torch.Tensor]) -> None:
-        """A draft model's KV buffers index the same slots: its zero page is zeroed too and checked by the
+    def add_draft_pool(self, tensors: PoolTensors) -> None:
+        """A draft model's KV pool indexes the same slots: its zero page is zeroed too and checked by the
         test plant (reads of refused slots land there in draft passes)."""
-        from sglang_iso_kernels import scrub_pages
-
-        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
-        scrub_pages(buffers, page, self.page_size)
-        self.draft_buffers.extend(buffers)
+        self.draft_buffers.extend(tensors.slots)
+        self.draft_page_buffers.extend(tensors.pages)
+        self._zero(self.zero_page)
 
     # ------------------------------------------------------------------ slots
     def slot_of(self, namespace: str | None) -> int:
@@ -348,12 +354,7 @@ class OwnerTable:
     def _rezero(self) -> None:
         """Zero the zero page again: a refused slot in a column a speculative pass writes (its write
         locations are read from the sanitized row) lands there."""
-        from sglang_iso.integration.scrub import kv_buffers
-        from sglang_iso_kernels import scrub_pages
-
-        buffers = kv_buffers(self.cache.token_to_kv_pool_allocator.get_kvcache()) + self.draft_buffers
-        page = torch.tensor([self.zero_page], dtype=torch.int64, device=self.page_owner.device)
-        scrub_pages(buffers, page, self.page_size)
+        self._zero(self.zero_page)
 
     def status(self) -> dict[str, int]:
         """Counters for /get_server_info."""

@@ -20,7 +20,7 @@ page races with its zeroing (overlap scheduler). Freed request rows of
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,6 +34,27 @@ _BUFFER_ATTRS = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer", "kv
 _METADATA_ATTRS = frozenset({"data_ptrs", "k_data_ptrs", "v_data_ptrs", "data_strides"})
 """Per-layer addresses and strides of the buffers above: no tenant data."""
 _ALLOC_METHODS = ("alloc", "alloc_extend", "alloc_decode")
+_PAGE_ROW_CACHES = {"index_key_cache": "buffer"}
+"""Pool attribute -> the attribute of that object holding one ``[pages, ...]`` tensor per layer."""
+_REQUEST_ROW_ATTRS = ("_compress_tail_k", "_compress_tail_score")
+"""Pool attributes holding one ``[req_to_token rows + 1, ...]`` tensor per layer."""
+
+
+class PoolTensors(NamedTuple):
+    """Every tensor of tenant data in a KV pool, by the row a free must zero."""
+
+    slots: list[torch.Tensor]
+    """``[slots, ...]``: rows ``p*page_size .. p*page_size + page_size - 1`` of a freed page ``p``."""
+    pages: list[torch.Tensor]
+    """``[pages, ...]``: row ``p`` of a freed page ``p`` (empty layers left out)."""
+    requests: list[torch.Tensor]
+    """``[request rows, ...]``: row ``r`` of a freed ``req_to_token`` row ``r`` (empty layers left out)."""
+
+    def joined(self, other: PoolTensors) -> PoolTensors:
+        return PoolTensors([*self.slots, *other.slots], [*self.pages, *other.pages], [*self.requests, *other.requests])
+
+    def total(self) -> int:
+        return len(self.slots) + len(self.pages) + len(self.requests)
 
 
 class KvScrubber:
@@ -41,15 +62,23 @@ class KvScrubber:
 
     def __init__(self, allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> None:
         """Raises:
-        NotCoveredError: the pool has none of the known buffer attributes.
+        NotCoveredError: the pool has none of the known buffer attributes, keeps page-row tensors at another
+            page size than the allocator's, or request-row tensors shorter than the row table.
         """
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.page_size = int(allocator.page_size)
         self.forward_stream = forward_stream
-        self.buffers = kv_buffers(allocator.get_kvcache())
-        if not self.buffers:
-            raise NotCoveredError(f"no KV buffers found on {type(allocator.get_kvcache()).__name__}")
+        kvcache = allocator.get_kvcache()
+        self.tensors = pool_tensors(kvcache)
+        if not self.tensors.slots:
+            raise NotCoveredError(f"no KV buffers found on {type(kvcache).__name__}")
+        if self.tensors.pages and int(getattr(kvcache, "page_size", 0)) != self.page_size:
+            raise NotCoveredError(
+                f"{type(kvcache).__name__} keeps page-indexed tensors but its page size differs from the "
+                f"allocator's ({getattr(kvcache, 'page_size', None)} vs {self.page_size})"
+            )
+        self._check_request_rows(self.tensors)
         self.pending: list[torch.Tensor] = []  # page ids released but not yet zeroed
         self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
         self.scrub_calls = 0
@@ -70,19 +99,31 @@ class KvScrubber:
         if pool is not None and hasattr(pool, "free_rows"):
             allocator_tap.tap_of(pool).subscribe("free_rows", Order.SCRUB, self._reset_rows)
         logger.info(
-            "sglang-iso: scrub-on-free installed on %s.%s (%d buffers, page size %d)",
+            "sglang-iso: scrub-on-free installed on %s.%s (%d slot, %d page, %d request tensors, page size %d)",
             type(alloc).__name__,
             allocator_tap.allocator_release_name(alloc),
-            len(self.buffers),
+            len(self.tensors.slots),
+            len(self.tensors.pages),
+            len(self.tensors.requests),
             self.page_size,
         )
         return self
 
-    def add_buffers(self, buffers: list[torch.Tensor]) -> None:
-        """Zero these buffers too on every scrub: a draft model's KV pool, which indexes the same slots
-        through the same allocator (``integration/spec_draft.py``)."""
-        self.buffers = [*self.buffers, *buffers]
-        self.draft_buffers += len(buffers)
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The slot-row tensors (target and draft pools)."""
+        return self.tensors.slots
+
+    def add_pool(self, tensors: PoolTensors) -> None:
+        """Zero these tensors too on every scrub: a draft model's KV pool, which indexes the same slots and
+        request rows through the same allocator and row table (``integration/spec_draft.py``).
+
+        Raises:
+            NotCoveredError: a request-row tensor has fewer rows than the row table.
+        """
+        self._check_request_rows(tensors)
+        self.tensors = self.tensors.joined(tensors)
+        self.draft_buffers += tensors.total()
 
     def flush(self) -> int:
         """Zero every pending page now; returns the number of pages zeroed."""
@@ -94,12 +135,17 @@ class KvScrubber:
         if pages.is_cuda and self.forward_stream is not None:
             # NOTE: a forward still reading these pages must finish before they are zeroed.
             torch.cuda.current_stream().wait_stream(self.forward_stream)
-        from sglang_iso_kernels import scrub_pages
-
-        scrub_pages(self.buffers, pages, self.page_size)
+        zero_pages(self.tensors, pages, self.page_size)
         self.scrubbed_pages += int(pages.numel())
         self.scrub_calls += 1
         return int(pages.numel())
+
+    def _check_request_rows(self, tensors: PoolTensors) -> None:
+        table = getattr(self.req_to_token_pool, "req_to_token", None)
+        rows = 0 if table is None else int(table.shape[0])
+        short = [tuple(b.shape) for b in tensors.requests if b.shape[0] < rows]
+        if tensors.requests and (table is None or short):
+            raise NotCoveredError(f"request-row KV tensors {short} do not cover the {rows} rows of req_to_token")
 
     def status(self) -> dict[str, int]:
         return {
@@ -129,8 +175,25 @@ class KvScrubber:
         if rows:
             # Slot 0 is the padding sink: a reset row points nowhere real.
             self.req_to_token_pool.req_to_token[rows] = 0
+            zero_request_rows(self.tensors, rows)
             self.reset_rows += len(rows)
         below(indices)
+
+
+def zero_pages(tensors: PoolTensors, pages: torch.Tensor, page_size: int) -> None:
+    """Zero pages ``pages`` (int64 page ids) in every slot-row and page-row tensor."""
+    from sglang_iso_kernels import scrub_pages
+
+    scrub_pages(tensors.slots, pages, page_size)
+    if tensors.pages:
+        scrub_pages(tensors.pages, pages, 1)
+
+
+def zero_request_rows(tensors: PoolTensors, rows: list[int]) -> None:
+    """Zero rows ``rows`` of every request-row tensor."""
+    for buf in tensors.requests:
+        index = torch.tensor(rows, dtype=torch.int64, device=buf.device)
+        buf.index_fill_(0, index, 0)
 
 
 def kv_buffers(kvcache: Any) -> list[torch.Tensor]:
@@ -145,6 +208,18 @@ def kv_buffers(kvcache: Any) -> list[torch.Tensor]:
     return out
 
 
+def pool_tensors(kvcache: Any) -> PoolTensors:
+    """Every tensor of tenant data in a KV pool whose layout scrub-on-free knows.
+
+    Tensors outside these layouts are listed by :func:`uncovered_tensors`, and the pool is refused.
+    """
+    pages = [b for attr in _covered_page_caches(kvcache) for b in _page_row_buffers(kvcache, attr) or []]
+    requests = [
+        b for attr in _covered_request_attrs(kvcache) for b in getattr(kvcache, attr, None) or [] if b.shape[0] > 0
+    ]
+    return PoolTensors(kv_buffers(kvcache), [b for b in pages if b.shape[0] > 0], requests)
+
+
 def uncovered_tensors(kvcache: Any) -> frozenset[str]:
     """``Class.attribute`` of every tensor a KV pool holds that scrub-on-free does not zero.
 
@@ -153,11 +228,48 @@ def uncovered_tensors(kvcache: Any) -> frozenset[str]:
     tensor in a new SGLang version is refused at start instead of keeping tenant data past a free.
     """
     name = type(kvcache).__name__
+    covered = {*_BUFFER_ATTRS, *_METADATA_ATTRS, *_covered_page_caches(kvcache), *_covered_request_attrs(kvcache)}
     return frozenset(
         f"{name}.{attr}"
         for attr, value in vars(kvcache).items()
-        if attr not in _BUFFER_ATTRS and attr not in _METADATA_ATTRS and _holds_tensor(value, nested=True)
+        if attr not in covered and _holds_tensor(value, nested=True)
     )
+
+
+def _covered_page_caches(kvcache: Any) -> list[str]:
+    return [attr for attr in _PAGE_ROW_CACHES if _page_row_buffers(kvcache, attr) is not None]
+
+
+def _page_row_buffers(kvcache: Any, attr: str) -> list[torch.Tensor] | None:
+    """The per-layer ``[pages, ...]`` tensors of ``kvcache.<attr>``, or None when their layout is not the
+    known one: the holder keeps no other tensor, one row per pool page of ``page_size`` tokens (DSA's
+    index keys: no decode-context-parallel split), and enough rows for every page of the pool."""
+    holder = getattr(kvcache, attr, None)
+    field = _PAGE_ROW_CACHES[attr]
+    buffers = getattr(holder, field, None)
+    if holder is None or not isinstance(buffers, list):
+        return None
+    others = (v for k, v in vars(holder).items() if k != field)
+    if any(_holds_tensor(v, nested=False) for v in others):
+        return None
+    page_size = int(getattr(kvcache, "page_size", 0) or 0)
+    if page_size < 1 or getattr(kvcache, "index_page_size", 0) * getattr(kvcache, "index_kpool", 0) != page_size:
+        return None
+    pages = int(kvcache.size) // page_size + 1
+    for buf in buffers:
+        if not isinstance(buf, torch.Tensor) or buf.dim() != 2 or 0 < buf.shape[0] < pages:
+            return None
+    return buffers
+
+
+def _covered_request_attrs(kvcache: Any) -> list[str]:
+    """The request-row attributes present with a known layout: None, or a list of ``[rows, ...]`` tensors."""
+    out = []
+    for attr in _REQUEST_ROW_ATTRS:
+        value = getattr(kvcache, attr, None)
+        if value is None or (isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)):
+            out.append(attr)
+    return out
 
 
 def _holds_tensor(value: Any, *, nested: bool) -> bool:

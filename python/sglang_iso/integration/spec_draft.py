@@ -84,7 +84,7 @@ def attach_draft_pools(scheduler: Any) -> int:
     """
     from sglang_iso import coverage
     from sglang_iso.integration import hook_table
-    from sglang_iso.integration.scrub import kv_buffers, uncovered_tensors
+    from sglang_iso.integration.scrub import pool_tensors, uncovered_tensors
 
     cache = getattr(scheduler, "tree_cache", None)
     worker = getattr(scheduler, "draft_worker", None)
@@ -122,15 +122,18 @@ def attach_draft_pools(scheduler: Any) -> int:
         if unscrubbed:
             problems.append(f"draft KV pool tensors scrub-on-free does not zero ({', '.join(sorted(unscrubbed))})")
             continue
-        buffers = kv_buffers(pool)
-        if not buffers:
+        tensors = pool_tensors(pool)
+        if not tensors.slots:
             problems.append(f"draft KV pool {name} has no buffers the scrubber knows")
             continue
+        if tensors.pages and int(getattr(pool, "page_size", 0)) != int(cache.page_size):
+            problems.append(f"draft KV pool {name} keeps page-indexed tensors at another page size")
+            continue
         if cache.scrubber is not None:
-            cache.scrubber.add_buffers(buffers)
+            cache.scrubber.add_pool(tensors)
         if cache.owners is not None:
-            cache.owners.add_draft_buffers(buffers)
-        added += len(buffers)
+            cache.owners.add_draft_pool(tensors)
+        added += tensors.total()
     if problems:
         raise NotCoveredError(f"sglang-iso: speculative draft model not covered: {'; '.join(problems)}")
     logger.info("sglang-iso: draft KV pool under scrub/owner check (%d buffers, same slots as the target)", added)

@@ -351,7 +351,28 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
             "MHATokenToKVPoolMXFP8",
             "MLATokenToKVPool",
             "MLATokenToKVPoolFP4",
+            "DSATokenToKVPool",
         )
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.memory_pool:DSATokenToKVPool.__init__",
+        (
+            "self",
+            "size",
+            "page_size",
+            "index_buf_size",
+            "index_kpool",
+            "index_kpool_compress",
+            "max_running_requests",
+            "skip_topk_layers",
+            "dcp_replicated",
+        ),
+        "integration/scrub.py zeroes index_key_cache.buffer by page and _compress_tail_k/_score by request row",
+    ),
+    HookedSymbol(
+        "sglang.srt.mem_cache.index_key_cache:IndexKeyCache.__init__",
+        ("self", "pool", "index_buf_size"),
+        "one [pages, bytes] buffer per layer (0 rows for a shared-top-k layer): the page rows scrub-on-free zeroes",
     ),
     # Host (L2) tier, --enable-hierarchical-cache (integration/host_cache.py).
     HookedSymbol(

@@ -129,6 +129,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         kv_owner_check=ours.kv_owner_check == "on",
         tenants_file=ours.tenants_file is not None,
         model_config=local_model_config(sglang_argv),
+        cuda_available=cuda_available,
     )
     refused = coverage.refusals(features)
     if refused:
