@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
 from sglang_iso.integration.host_cache import HostCache, l3_owner_of
-from sglang_iso.integration.l3_store import FileL3Store
+from sglang_iso.integration.l3_store import FileL3Store, page_payload
 from test.integration.test_host_cache import cached, k_values, store
 from test.integration.test_scrub import make
 
@@ -331,3 +332,71 @@ def test_shared_prefix_returns_from_files_after_a_restart(tmp_path: Path) -> Non
     assert hit.device_prefix_len == len(head)
     assert k_values(kv2, again.path_device_indices(hit.last_device_node)) == original[: len(head)]
     assert again.check_integrity()
+
+
+POISON = bytes(range(7, 71))  # 64 bytes, no run of equal bytes: any 16 of them in a row is a tell
+
+
+def _poisoned_evicted_by_a(directory: Path) -> tuple[list[float], bytes]:
+    """A first server whose tenant A's KV is a known byte pattern, evicted to the files."""
+    cache, allocator, kv = with_l3(4, directory)
+    slots = store(cache, allocator, kv, TOKENS, "tenant-a")
+    pattern = (POISON * (1 + kv.k_buffer[0][0].numel() * 4 // len(POISON)))[: kv.k_buffer[0][0].numel() * 4]
+    for buf in [*kv.k_buffer, *kv.v_buffer]:
+        row = torch.frombuffer(bytearray(pattern[: buf[0].numel() * buf.element_size()]), dtype=torch.uint8)
+        buf.view(torch.uint8).view(buf.shape[0], -1)[slots.long()] = row
+    original = k_values(kv, slots)
+    plain = page_payload([*kv.k_buffer, *kv.v_buffer], slots[:4].long())
+    assert pattern[:16] in plain  # control: the detector finds the pattern in a page's plaintext
+    cache.evict(EvictParams(num_tokens=len(TOKENS)))
+    assert cache.host.l3 is not None and cache.host.l3.written_pages == len(TOKENS) // 4
+    return original, pattern
+
+
+def test_files_hold_no_plaintext_kv_and_the_owner_still_hits(tmp_path: Path) -> None:
+    """Encryption at rest: a known pattern in A's KV is in no file byte (no 16-byte run of it), while A's restart
+    hit returns exactly that KV (positive control)."""
+    original, pattern = _poisoned_evicted_by_a(tmp_path)
+    assert len(pattern) >= 16
+    windows = {pattern[i : i + 16] for i in range(len(pattern) - 15)}
+    files = list(tmp_path.glob("*.kv"))
+    assert len(files) == len(TOKENS) // 4
+    for path in files:
+        data = path.read_bytes()
+        assert not any(w in data for w in windows), path.name
+    cache, _, kv = with_l3(4, tmp_path)
+    hit = cached(cache, TOKENS, "tenant-a")
+    assert hit.device_prefix_len == len(TOKENS)
+    assert k_values(kv, cache.path_device_indices(hit.last_device_node)) == original
+
+
+def test_a_file_moved_to_another_tenants_name_is_a_counted_miss(tmp_path: Path) -> None:
+    """Names, headers and keys are per tenant: B's file copied over A's name (or A's over B's) decrypts for
+    nobody; each keeps reading its own (control)."""
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 8, _owner)
+    assert st.write("t:acme:1", b"d", b"acme-kv!") and st.write("t:globex:1", b"d", b"globexkv")
+    a, b = tmp_path / st.name("t:acme:1", b"d"), tmp_path / st.name("t:globex:1", b"d")
+    assert a.read_bytes()[-24:] != b.read_bytes()[-24:]
+    a_bytes = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    assert st.read("t:acme:1", b"d") is None and st.bad_files == 1
+    assert st.read("t:globex:1", b"d") == b"globexkv"  # control
+    a.write_bytes(a_bytes)
+    assert st.read("t:acme:1", b"d") == b"acme-kv!"  # control: the right file is read again
+    for offset in (-1, -20, -30):  # the tag, the ciphertext, the nonce
+        flipped = bytearray(a_bytes)
+        flipped[offset] ^= 0x01
+        a.write_bytes(bytes(flipped))
+        assert st.read("t:acme:1", b"d") is None
+    assert st.bad_files == 4
+
+
+def test_a_flush_changes_the_tenants_key(tmp_path: Path) -> None:
+    """After a tenant flush its old file, put back under the new name, does not decrypt (new epoch, new key)."""
+    st = FileL3Store(tmp_path, SECRET, FINGERPRINT, 8, _owner)
+    assert st.write("t:acme:1", b"d", b"acme-kv!")
+    old = (tmp_path / st.name("t:acme:1", b"d")).read_bytes()
+    st.flush("owner:acme")
+    (tmp_path / st.name("t:acme:1", b"d")).write_bytes(old)
+    assert st.read("t:acme:1", b"d") is None and st.bad_files == 1
+    assert st.write("t:acme:1", b"d2", b"acme-kv2") and st.read("t:acme:1", b"d2") == b"acme-kv2"  # control

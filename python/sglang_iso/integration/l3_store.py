@@ -1,15 +1,24 @@
-"""L3 storage for the tenant cache's host tier: one file per KV page, named by a secret-keyed MAC.
+"""L3 storage for the tenant cache's host tier: one encrypted file per KV page, named by a secret-keyed MAC.
 
 Why not upstream's storage backends: their page keys are a SHA-256 chain over
 tokens seeded only by the client's ``extra_key`` / ``cache_salt`` (token-only
 without), and the file backend names files by that hash plus the model path,
 shared by every tenant and kept across restarts. Here::
 
-    k_store   = HMAC-SHA-256(namespace secret, "sglang-iso/l3/v2" 0x00 model fingerprint)
+    k_store   = HMAC-SHA-256(namespace secret, "sglang-iso/l3/v3" 0x00 model fingerprint)
     file name = hex(HMAC-SHA-256(k_store, epochs 0x00 namespace id 0x00 page digest)) + ".kv"
     epochs    = the flush counters of all ("*"), of the namespace's owner (tenant) and of the namespace
-    contents  = header | page KV (every buffer's rows, in buffer order) | HMAC-SHA-256(k_store, name | header | KV)
+    contents  = header | nonce | AES-256-GCM(k_owner, nonce, page KV, associated data = name | header)
+    k_owner   = HKDF-SHA-256(k_store, info = "sglang-iso/l3/aead" 0x00 owner label 0x00 epochs)
     header    = owner label | namespace label | epochs | HMAC(k_store, name | ...)[:16]   (labels: MACs, hex)
+    nonce     = 12 random bytes per file; page KV = every buffer's rows of the page, in buffer order
+
+Encryption at rest: whoever reads the directory (a shared mount, a backup,
+another node) sees no KV, which inverts back to the prompt; each tenant's pages
+are under its own key, which a flush of the tenant or of everything replaces
+(the epochs are part of it). The associated data binds a file to its name and
+header: a file copied to another name, another tenant's or an older epoch's, or
+with any byte changed, fails authentication and is a counted miss.
 
 The namespace id is the verified one (never a client field) and the page digest
 chains every token from the namespace root (``HostTier.chain``), so a name is
@@ -51,13 +60,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sglang_iso.cache.l3_index import L3Index
 
 logger = logging.getLogger(__name__)
 
-_DOMAIN = b"sglang-iso/l3/v2\x00"
-_MAC_BYTES = 32
+_DOMAIN = b"sglang-iso/l3/v3\x00"
+_AEAD_INFO = b"sglang-iso/l3/aead\x00"
+_NONCE_BYTES = 12
+_AEAD_TAG_BYTES = 16
 _LABEL_CHARS = 32
 _EPOCHS = struct.Struct(">QQQ")
 _HEADER_TAG_BYTES = 16
@@ -99,11 +114,12 @@ class FileL3Store:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.page_bytes = page_bytes
-        self.file_bytes = HEADER_BYTES + page_bytes + _MAC_BYTES
+        self.file_bytes = HEADER_BYTES + _NONCE_BYTES + page_bytes + _AEAD_TAG_BYTES
         if max_bytes is not None and max_bytes < self.file_bytes:
             raise ValueError(f"L3 max size {max_bytes} bytes is smaller than one page file ({self.file_bytes} bytes)")
         self._owner_of = owner_of
         self._key = hmac.new(secret, _DOMAIN + fingerprint, hashlib.sha256).digest()
+        self._ciphers: dict[tuple[str, tuple[int, int, int]], AESGCM] = {}  # (owner label, epochs) -> its AEAD
         self._epochs_path = self.directory / f"epochs-{self._mac(b'epochs').hex()[:32]}.json"
         self._epochs: dict[str, int] = self._load_epochs()
         self.index = L3Index(None if max_bytes is None else max_bytes // self.file_bytes)
@@ -143,8 +159,10 @@ class FileL3Store:
         epochs = self._current_epochs(owner, ns_label)
         body = owner.encode() + ns_label.encode() + _EPOCHS.pack(*epochs)
         header = body + self._mac(b"header\x00" + name.encode() + body)[:_HEADER_TAG_BYTES]
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self._cipher(owner, epochs).encrypt(nonce, payload, name.encode() + header)
         try:
-            self._atomic_write(path, header + payload + self._mac(name.encode() + header + payload))
+            self._atomic_write(path, header + nonce + sealed)
         except OSError:
             logger.exception("sglang-iso: L3 page write failed")
             return False
@@ -161,11 +179,21 @@ class FileL3Store:
         except OSError:
             self.index.remove(name)  # NOTE: another rank over the same directory may have pruned it
             return None
-        header, payload, tag = data[:HEADER_BYTES], data[HEADER_BYTES:-_MAC_BYTES], data[-_MAC_BYTES:]
-        # SECURITY: fail closed on a wrong size or MAC: a miss, never foreign or corrupted KV.
-        if len(payload) != self.page_bytes or not hmac.compare_digest(tag, self._mac(name.encode() + header + payload)):
+        header, nonce = data[:HEADER_BYTES], data[HEADER_BYTES : HEADER_BYTES + _NONCE_BYTES]
+        owner, ns_label = self.owner_label(ns), self._label("ns:" + ns)
+        # SECURITY: fail closed on a wrong size or a failed authentication (another name, header, tenant key or
+        # epoch, or any changed byte): a miss, never foreign or corrupted KV. The key is the one this namespace's
+        # owner has now, never one the file's header names.
+        payload = None
+        if len(data) == self.file_bytes:
+            try:
+                cipher = self._cipher(owner, self._current_epochs(owner, ns_label))
+                payload = cipher.decrypt(nonce, data[HEADER_BYTES + _NONCE_BYTES :], name.encode() + header)
+            except InvalidTag:
+                payload = None
+        if payload is None:
             self.bad_files += 1
-            logger.warning("isolation-violation op=l3-read file=%s reason=bad size or MAC", name)
+            logger.warning("isolation-violation op=l3-read file=%s reason=bad size or authentication", name)
             return None
         self.read_pages += 1
         self.index.touch(name)
@@ -190,6 +218,7 @@ class FileL3Store:
                 merged[label] = merged.get(label, 0) + 1
                 self._atomic_write(self._epochs_path, json.dumps(merged, sort_keys=True).encode())
                 self._epochs = merged
+                self._ciphers.clear()  # NOTE: keys of the old epochs are never needed again
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         if scope == "*":
@@ -236,6 +265,15 @@ class FileL3Store:
 
     def _mac(self, msg: bytes) -> bytes:
         return hmac.new(self._key, msg, hashlib.sha256).digest()
+
+    def _cipher(self, owner_label: str, epochs: tuple[int, int, int]) -> AESGCM:
+        """The AEAD of ``owner_label``'s pages at ``epochs`` (derived once, then kept)."""
+        found = self._ciphers.get((owner_label, epochs))
+        if found is None:
+            info = _AEAD_INFO + owner_label.encode() + b"\x00" + _EPOCHS.pack(*epochs)
+            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._key)
+            found = self._ciphers[(owner_label, epochs)] = AESGCM(key)
+        return found
 
     def _label(self, scope: str) -> str:
         return self._mac(b"scope\x00" + scope.encode()).hex()[:_LABEL_CHARS]
