@@ -126,7 +126,8 @@ class TenantGate:
     reload) takes effect for the next request without touching requests in flight.
     ``limits`` bounds token ids and budgets (None: only the model-independent rules);
     ``admission`` caps each tenant's requests in flight (None: no cap); ``rates`` its requests and tokens per
-    minute, with OpenAI's ``x-ratelimit-*`` headers on its responses (None: no rate limits).
+    minute, with OpenAI's ``x-ratelimit-*`` headers on its responses (None: no rate limits); ``on_start`` runs
+    once, on the event loop, at the first ASGI event (the server's lifespan start): it starts background tasks.
     """
 
     def __init__(
@@ -140,8 +141,10 @@ class TenantGate:
         rates: RateLimiter | None = None,
         count_tokens: Callable[[str], int] | None = None,
         internal_key: str | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.app = app
+        self.on_start = on_start
         self.internal_key = internal_key  # this process's own calls to INTERNAL_PATHS, None: none accepted
         self.rates = rates  # per-tenant requests and tokens per minute, None: no rate limits
         self.count_tokens = count_tokens  # the served model's token count of a text, for token reservations
@@ -153,6 +156,9 @@ class TenantGate:
         self.rejected = 0  # requests refused (401/403/400/413/415/429)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.on_start is not None:
+            start, self.on_start = self.on_start, None
+            start()
         kind = scope.get("type")
         if kind == "lifespan":
             await self.app(scope, receive, send)

@@ -3,6 +3,8 @@
 Format (TOML)::
 
     namespace_secret_file = "secret.key"   # or namespace_secret_env = "SGLANG_ISO_SECRET"
+    default_cache_ttl_seconds = 3600         # optional: cache_ttl_seconds of tenants that set none
+    default_cache_max_age_seconds = 604800   # optional: cache_max_age_seconds of tenants that set none
     admin_key_sha256 = ["<sha256 hex of an admin key>"]        # optional
     router_key_sha256 = ["<sha256 hex of the PD router's key>"] # optional: may set bootstrap_* fields
 
@@ -23,6 +25,12 @@ Format (TOML)::
     tokens_per_minute = 200000               # optional positive int: prompt + output budget per minute, settled
                                              # with the served count; default: no limit; beyond -> 429
     adapters = ["acme-support"]              # optional: LoRA adapters it may use; default none (base model only)
+    cache_ttl_seconds = 900                  # optional positive int: idle retention; with no request of the tenant
+                                             # for this long, its cache is dropped in every tier (scrubbed);
+                                             # default: default_cache_ttl_seconds, else none
+    cache_max_age_seconds = 86400            # optional positive int: absolute lifetime; at most this long after
+                                             # its first use, the tenant's cache is dropped whatever its traffic;
+                                             # default: default_cache_max_age_seconds, else none
 
     [[shared_prefixes]]                      # optional
     name = "support-bot-v1"
@@ -120,6 +128,11 @@ class Tenant:
     tokens_per_minute: int | None = None
     """Cap on the tenant's prompt plus output tokens per minute (reserved on arrival, settled at completion:
     :mod:`sglang_iso.server.rate_limits`); ``None`` = none."""
+    cache_ttl_seconds: int | None = None
+    """Idle retention of the tenant's cache in seconds (``cache_ttl_seconds``); ``None`` = the file's default."""
+    cache_max_age_seconds: int | None = None
+    """Absolute lifetime of the tenant's cache in seconds (``cache_max_age_seconds``); ``None`` = the file's
+    default."""
     kv_share: float | None = None
     """Largest fraction of the KV pool and of the running batch the tenant's requests in flight may hold, in
     (0, 1] (``kv_share``); ``None`` = the file's ``default_kv_share``. A group holds the largest share of its
@@ -166,6 +179,10 @@ class TenantsConfig:
     """The file this was loaded from."""
     router_key_hashes: frozenset[str] = frozenset()
     """SHA-256 hex digests of the prefill/decode router's keys (``router_key_sha256``; may be empty)."""
+    default_cache_ttl_seconds: int | None = None
+    """``cache_ttl_seconds`` of tenants that set none; ``None`` = no idle retention limit."""
+    default_cache_max_age_seconds: int | None = None
+    """``cache_max_age_seconds`` of tenants that set none; ``None`` = no lifetime limit."""
     default_kv_share: float | None = None
     """``kv_share`` of tenants that set none (``default_kv_share``); ``None`` = 0.5, or 1 when the file has one
     owner (one tenant or one group): see :meth:`kv_share_of`."""
@@ -190,11 +207,12 @@ class TenantsConfig:
 
 _TOP_FIELDS = (
     "namespace_secret_file", "namespace_secret_env", "admin_key_sha256", "router_key_sha256", "default_kv_share",
-    "tenants", "shared_prefixes",
+    "default_cache_ttl_seconds", "default_cache_max_age_seconds", "tenants", "shared_prefixes",
 )  # fmt: skip
 _TENANT_FIELDS = (
     "id", "key_sha256", "quota_tokens", "host_quota_tokens", "l3_quota_tokens", "cache", "max_concurrent_requests",
-    "max_queued_requests", "requests_per_minute", "tokens_per_minute", "kv_share", "adapters",
+    "max_queued_requests", "requests_per_minute", "tokens_per_minute", "kv_share", "adapters", "cache_ttl_seconds",
+    "cache_max_age_seconds",
 )  # fmt: skip
 _PREFIX_FIELDS = ("name", "text", "messages", "tenants")
 _MESSAGE_FIELDS = ("role", "content")
@@ -252,6 +270,12 @@ def _build(v: Validator, data: dict[str, object], environ: Mapping[str, str]) ->
         v.source,
         router_key_hashes=frozenset(router_hashes),
         default_kv_share=v.optional_fraction(data, "default_kv_share", "default_kv_share", None),
+        default_cache_ttl_seconds=v.optional_positive_int(
+            data, "default_cache_ttl_seconds", "default_cache_ttl_seconds", None
+        ),
+        default_cache_max_age_seconds=v.optional_positive_int(
+            data, "default_cache_max_age_seconds", "default_cache_max_age_seconds", None
+        ),
     )
 
 
@@ -271,6 +295,8 @@ def _tenant(
     queued = v.optional_positive_int(table, "max_queued_requests", f"{field}.max_queued_requests", section)
     rpm = v.optional_positive_int(table, "requests_per_minute", f"{field}.requests_per_minute", section)
     tpm = v.optional_positive_int(table, "tokens_per_minute", f"{field}.tokens_per_minute", section)
+    ttl = v.optional_positive_int(table, "cache_ttl_seconds", f"{field}.cache_ttl_seconds", section)
+    max_age = v.optional_positive_int(table, "cache_max_age_seconds", f"{field}.cache_max_age_seconds", section)
     policy_text = v.optional_string(table, "cache", f"{field}.cache", section) or "private"
     policy: CachePolicy
     group: str | None = None
@@ -301,6 +327,8 @@ def _tenant(
         max_queued_requests=queued or 0,
         requests_per_minute=rpm,
         tokens_per_minute=tpm,
+        cache_ttl_seconds=ttl,
+        cache_max_age_seconds=max_age,
     )
 
 

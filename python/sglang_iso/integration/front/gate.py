@@ -9,7 +9,7 @@ from typing import Any
 
 from sglang_iso import envvars
 from sglang_iso.integration import lora
-from sglang_iso.integration.front import reload, routes, state
+from sglang_iso.integration.front import reload, retention, routes, state
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import ReloadableKeys, TenantGate
 from sglang_iso.server.pd_rules import pd_role
@@ -57,6 +57,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         rates=rates,
         count_tokens=_token_counter(tokenizer_manager),
         internal_key=front.internal_key,
+        on_start=lambda: retention.start_sweeper(tokenizer_manager, front),
         metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
         pd=pd_role(getattr(server_args, "disaggregation_mode", None),
                    getattr(server_args, "disaggregation_transfer_backend", None)),

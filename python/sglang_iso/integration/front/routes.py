@@ -42,6 +42,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
                     **(front.rates.state(tenant.id) if front.rates is not None else {}),
                     "rate_limited": front.rates.refused.get(tenant.id, 0) if front.rates is not None else 0,
                 },
+                "retention": front.retention.state(owner),
                 # NOTE: a rank that has seen nothing of the owner reports no row: it gets the counters, all 0.
                 "ranks": [rank.get(owner) or idle_row for rank in per_rank],
             }

@@ -6,6 +6,7 @@ from typing import Any
 
 from sglang_iso.integration.front import metrics
 from sglang_iso.server.rate_limits import RateLimiter
+from sglang_iso.server.retention import Retention, policies
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
 from sglang_iso.tenancy.config import TenantsConfig
 
@@ -32,6 +33,10 @@ class FrontState:
         from the outputs this process sent; mutated by the request handlers on the event loop)."""
         self.rates: RateLimiter | None = None
         """The gate's per-tenant rate limits (set when the gate is installed), for the admin API."""
+        self.retention = Retention(policies(config))
+        """Each owner's retention limits and request activity (:mod:`sglang_iso.server.retention`)."""
+        self.sweeper: Any = None
+        """The task dropping expired caches (started with the server's event loop)."""
         self.internal_key: str | None = None
         """The key of this process's calls to itself (the gate's ``internal_key``; set when the gate is installed,
         kept in memory only)."""
@@ -40,6 +45,7 @@ class FrontState:
         """A reloaded tenants file takes effect for new requests."""
         self.config = config
         self.tagger = self._make_tagger()
+        self.retention.replace_limits(policies(config))
         metrics.init_tenant_series(list(config.tenants))
 
     def bump_weights(self) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from sglang_iso import envvars
 from sglang_iso.integration import lora
-from sglang_iso.integration.front import metrics, state
+from sglang_iso.integration.front import metrics, retention, state
 from sglang_iso.server.gate import STATE_TENANT
 
 
@@ -26,7 +26,12 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
         return _refused(exc)
     outputs = original(manager, obj, request, *args, **kwargs)
     front = state.current()
-    if tenant is None or (front is None and not metrics.enabled()):
+    if tenant is None:
+        return outputs
+    entry = front.config.tenants.get(tenant) if front is not None else None
+    if front is not None and entry is not None and (entry.group or entry.id) in front.retention.limits:
+        outputs = retention.track(outputs, entry.group or entry.id, front.retention)
+    if front is None and not metrics.enabled():
         return outputs
     namespace = metrics.short_namespace(getattr(obj, "extra_key", None))
     return metrics.observe(outputs, tenant, namespace, front.served if front is not None else None)

@@ -1,0 +1,80 @@
+"""Retention on a real server: an idle tenant's cache is dropped after its ``cache_ttl_seconds``; others keep theirs.
+
+``acme`` has a 3-second idle retention and ``globex`` none, in one server. Before the limit acme hits its own
+prefix (positive control); after it, acme misses, holds no resident tokens and the drop is reported and audited,
+while globex, idle just as long, still hits. At start acme counts as just used (what L3 kept from before a restart
+must go one limit later), so the module first waits for that drop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import TenantsFile, write_tenants_file
+
+from .conftest import start_iso_server
+from .helpers import auth, generate, long_prompt
+
+pytestmark = pytest.mark.e2e
+
+TTL_S = 3
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TenantsFile, Path]]:
+    directory = tmp_path_factory.mktemp("retention")
+    made = write_tenants_file(directory, {"acme": {"cache_ttl_seconds": TTL_S}, "globex": {}})
+    audit_log = directory / "audit.jsonl"
+    server = start_iso_server("--tenants-file", str(made.path), "--iso-audit-log", str(audit_log))
+    try:
+        server.start()
+        _wait_for_drop(server, made, 0)  # at start acme counts as just used: one drop a TTL later
+        yield server, made, audit_log
+    finally:
+        server.stop()
+
+
+def _tenants(server: ServerProcess, made: TenantsFile) -> dict:
+    status, out = server.get_with("/iso/tenants", auth(made.keys["admin"]))
+    assert status == 200, out
+    return out["tenants"]
+
+
+def _wait_for_drop(server: ServerProcess, made: TenantsFile, seen: int) -> None:
+    deadline = time.monotonic() + TTL_S + 20
+    while _tenants(server, made)["acme"]["retention"]["expired_idle"] == seen:
+        assert time.monotonic() < deadline, "acme's cache was not dropped after its idle retention"
+        time.sleep(0.5)
+
+
+def test_an_idle_tenants_cache_is_dropped_after_its_ttl_and_only_its(
+    setup: tuple[ServerProcess, TenantsFile, Path],
+) -> None:
+    server, made, audit_log = setup
+    before = _tenants(server, made)["acme"]["retention"]["expired_idle"]
+    acme_text, globex_text = long_prompt(), long_prompt()
+    for key, text in ((made.keys["acme"], acme_text), (made.keys["globex"], globex_text)):
+        generate(server, key, text)
+        assert generate(server, key, text)["cached_tokens"] > 0  # positive control: reuse before the limit
+    rows = _tenants(server, made)
+    assert rows["acme"]["retention"]["cache_ttl_seconds"] == TTL_S
+    assert rows["globex"]["retention"]["cache_ttl_seconds"] is None
+    assert rows["acme"]["ranks"][0]["resident_tokens"] > 0
+
+    _wait_for_drop(server, made, before)
+    rows = _tenants(server, made)
+    assert rows["acme"]["ranks"][0]["resident_tokens"] == 0
+    assert rows["globex"]["retention"]["expired_idle"] == 0 and rows["globex"]["ranks"][0]["resident_tokens"] > 0
+
+    assert generate(server, made.keys["acme"], acme_text)["cached_tokens"] == 0  # dropped: a miss
+    assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] > 0  # control: globex unaffected
+    assert generate(server, made.keys["acme"], acme_text)["cached_tokens"] > 0  # acme caches again afterwards
+    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
+    expired = [e for e in events if e.get("event") == "cache_expired"]
+    assert len(expired) >= 1 and all(e["owner"] == "acme" and e["reason"] == "idle" for e in expired), expired
