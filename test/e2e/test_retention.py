@@ -1,9 +1,10 @@
-"""Retention on a real server: an idle tenant's cache is dropped after its ``cache_ttl_seconds``; others keep theirs.
+"""Retention and erasure on a real server: an idle tenant's cache goes after its ``cache_ttl_seconds``, others stay.
 
 ``acme`` has a 3-second idle retention and ``globex`` none, in one server. Before the limit acme hits its own
 prefix (positive control); after it, acme misses, holds no resident tokens and the drop is reported and audited,
 while globex, idle just as long, still hits. At start acme counts as just used (what L3 kept from before a restart
-must go one limit later), so the module first waits for that drop.
+must go one limit later), so the module first waits for that drop. ``POST /iso/tenants/{id}/erase`` drops one
+tenant's cache at once and answers with a receipt of what each tier held.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ TTL_S = 3
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TenantsFile, Path]]:
     directory = tmp_path_factory.mktemp("retention")
-    made = write_tenants_file(directory, {"acme": {"cache_ttl_seconds": TTL_S}, "globex": {}})
+    made = write_tenants_file(directory, {"acme": {"cache_ttl_seconds": TTL_S}, "globex": {}, "initech": {}})
     audit_log = directory / "audit.jsonl"
     server = start_iso_server("--tenants-file", str(made.path), "--iso-audit-log", str(audit_log))
     try:
@@ -78,3 +79,29 @@ def test_an_idle_tenants_cache_is_dropped_after_its_ttl_and_only_its(
     events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
     expired = [e for e in events if e.get("event") == "cache_expired"]
     assert len(expired) >= 1 and all(e["owner"] == "acme" and e["reason"] == "idle" for e in expired), expired
+
+
+def test_erase_drops_one_tenants_cache_with_a_receipt(setup: tuple[ServerProcess, TenantsFile, Path]) -> None:
+    server, made, audit_log = setup
+    admin = auth(made.keys["admin"])
+    globex_text, globex_other = long_prompt(), long_prompt()
+    generate(server, made.keys["globex"], globex_text)
+    assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] > 0  # positive control
+    generate(server, made.keys["initech"], globex_other)  # initech's own (no retention limit)
+
+    status, out = server.post("/iso/tenants/globex/erase", {}, headers=auth(made.keys["globex"]))
+    assert status == 403, out  # a tenant key cannot erase, not even its own cache
+    status, out = server.post("/iso/tenants/nobody/erase", {}, headers=admin)
+    assert status == 404 and out["error"]["param"] == "tenant", out
+    assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] > 0  # refused: nothing dropped
+
+    status, receipt = server.post("/iso/tenants/globex/erase", {}, headers=admin)
+    assert status == 200 and receipt["erased"] and receipt["complete"], receipt
+    assert receipt["tenant"] == "globex" and receipt["totals"]["device_tokens_dropped"] > 0, receipt
+    assert receipt["totals"]["device_tokens_held"] == 0 and receipt["totals"]["device_pages_scrubbed"] > 0, receipt
+    assert _tenants(server, made)["globex"]["ranks"][0]["resident_tokens"] == 0
+    assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] == 0  # erased: a miss
+    assert generate(server, made.keys["initech"], globex_other)["cached_tokens"] > 0  # control: initech keeps its own
+    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
+    erased = [e for e in events if e.get("event") == "tenant_erased"]
+    assert [e["receipt_id"] for e in erased] == [receipt["receipt_id"]] and erased[0]["totals"] == receipt["totals"]

@@ -14,6 +14,7 @@ EVERY = [
     commands.flush("acme"),
     commands.flush("*"),
     commands.flush_adapter("acme-ft:3f2a"),
+    commands.erase("acme", "9f3c2a"),
     commands.CHECK_INTEGRITY,
     commands.PD_STATUS,
     commands.PD_RECLAIM,
@@ -23,6 +24,10 @@ EVERY = [
 @pytest.mark.parametrize("command", EVERY, ids=lambda c: c.key)
 def test_each_command_round_trips_through_its_key(command: commands.Command) -> None:
     assert commands.parse(command.key) == command
+
+
+def test_an_erase_names_its_owner_and_receipt() -> None:
+    assert commands.erase_parts(commands.erase("hooli-group", "9f3c2a")) == ("hooli-group", "9f3c2a")
 
 
 @pytest.mark.parametrize(

@@ -400,3 +400,56 @@ def test_a_flush_changes_the_tenants_key(tmp_path: Path) -> None:
     (tmp_path / st.name("t:acme:1", b"d")).write_bytes(old)
     assert st.read("t:acme:1", b"d") is None and st.bad_files == 1
     assert st.write("t:acme:1", b"d2", b"acme-kv2") and st.read("t:acme:1", b"d2") == b"acme-kv2"  # control
+
+
+def test_erase_drops_every_tier_and_its_receipt_counts_what_each_held(tmp_path: Path) -> None:
+    """An erase of acme: device entries (one held by a running request), host pages and L3 files, each counted in
+    the receipt; the freed device pages are zero at once; globex keeps everything (control)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.scrub import KvScrubber
+    from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+    from test.integration.test_host_cache import _params
+    from test.integration.test_host_cache import key as tree_key
+
+    base, allocator, kv = make(4)
+    secret = b"k" * 32
+    resolver = NamespaceResolver(secret)
+    cache = TenantRadixCache(_params(base), resolver, {o: TenantPolicy(None, "private") for o in ("acme", "globex")})
+    cache.scrubber = base.scrubber  # the allocator's scrub-on-free (installed by ``make``)
+    assert isinstance(cache.scrubber, KvScrubber)
+    cache.host = HostCache(cache, 64)
+    cache.host.l3 = FileL3Store(tmp_path, secret, FINGERPRINT, cache.host.page_bytes, l3_owner_of(resolver))
+    cache.tree.set_spill(cache.host.spill)
+    acme, globex = make_tag(secret, "acme", "a" * 64), make_tag(secret, "globex", "b" * 64)
+    for tag in (acme, globex):  # 8 tokens each spilled to host and L3
+        store(cache, allocator, kv, list(range(300, 308)), tag)
+    cache.evict(EvictParams(num_tokens=16))
+    dropped = store(cache, allocator, kv, list(range(400, 408)), acme)  # on the device, unlocked
+    store(cache, allocator, kv, list(range(500, 504)), acme)
+    held = cache.match_prefix(MatchPrefixParams(key=tree_key(list(range(500, 504)), acme)))
+    cache.inc_lock_ref(held.last_device_node)  # a running request holds these 4 tokens
+    for buf in [*kv.k_buffer, *kv.v_buffer]:
+        buf[dropped.long()] = 7.0
+    host_before = cache.tenant_stats()["acme"]["host_resident_tokens"]
+    assert host_before == 8 and len(list(tmp_path.glob("*.kv"))) == 4
+
+    receipt = cache.erase_owner("acme")
+    assert receipt == {
+        "device_tokens_dropped": 8,
+        "device_pages_scrubbed": receipt["device_pages_scrubbed"],
+        "device_tokens_held": 4,
+        "host_tokens_dropped": 8,
+        "l3_files_deleted": 2,
+    }, receipt
+    assert receipt["device_pages_scrubbed"] >= 2  # the dropped 8 tokens' pages, zeroed now, not at a later hand-out
+    for buf in [*kv.k_buffer, *kv.v_buffer]:
+        assert int(torch.count_nonzero(buf[dropped.long()])) == 0
+    assert cached(cache, list(range(300, 308)), acme).device_prefix_len == 0
+    assert cached(cache, list(range(400, 408)), acme).device_prefix_len == 0
+    assert cached(cache, list(range(300, 308)), globex).device_prefix_len == 8  # control: globex untouched
+    assert len(list(tmp_path.glob("*.kv"))) == 2
+    cache.dec_lock_ref(held.last_device_node)
+    assert cache.erase_owner("acme")["device_tokens_dropped"] == 4  # the held entries go once released
+    assert cache.check_integrity()

@@ -7,6 +7,8 @@ of these keys for itself and passes any other request on to SGLang. Keys:
 
     sglang_iso.flush:<owner>            drop the owner's (tenant's or group's) unlocked entries; "*": every owner
     sglang_iso.flush_adapter:<lora id>  drop the entries computed with one adapter load (after an unload)
+    sglang_iso.erase:<owner>@<id>       flush the owner, scrub its freed pages now, keep a receipt under <id>
+                                        (read back from the ranks' internal state: ``erase_receipts``)
     sglang_iso.check_integrity          run the tree's invariant check; ``updated`` is its outcome
     sglang_iso.pd_status                nothing (the reply's internal state carries the PD quarantine)
     sglang_iso.pd_reclaim               release the pages of timed-out PD transfers, scrubbed
@@ -16,17 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple, cast
 
-Kind = Literal["flush", "flush_adapter", "check_integrity", "pd_status", "pd_reclaim"]
+Kind = Literal["flush", "flush_adapter", "erase", "check_integrity", "pd_status", "pd_reclaim"]
 
 _PREFIX = "sglang_iso."
-_WITH_ARGUMENT: tuple[Kind, ...] = ("flush", "flush_adapter")
+_WITH_ARGUMENT: tuple[Kind, ...] = ("flush", "flush_adapter", "erase")
 _PLAIN: tuple[Kind, ...] = ("check_integrity", "pd_status", "pd_reclaim")
 
 
 class Command(NamedTuple):
     kind: Kind
     argument: str = ""
-    """The owner (``flush``; ``"*"`` for all) or the adapter load id (``flush_adapter``); empty otherwise."""
+    """The owner (``flush``; ``"*"`` for all), the adapter load id (``flush_adapter``), ``owner@receipt id``
+    (``erase``); empty otherwise."""
 
     @property
     def key(self) -> str:
@@ -40,6 +43,16 @@ def flush(owner: str) -> Command:
 
 def flush_adapter(lora_id: str) -> Command:
     return Command("flush_adapter", lora_id)
+
+
+def erase(owner: str, receipt_id: str) -> Command:
+    return Command("erase", f"{owner}@{receipt_id}")
+
+
+def erase_parts(command: Command) -> tuple[str, str]:
+    """(owner, receipt id) of an ``erase`` command."""
+    owner, _, receipt_id = command.argument.rpartition("@")
+    return owner, receipt_id
 
 
 CHECK_INTEGRITY = Command("check_integrity")

@@ -95,6 +95,7 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         }
         if hasattr(tree_cache, "tenant_stats"):
             report["tenants"] = tree_cache.tenant_stats()
+            report["erase_receipts"] = dict(tree_cache.erase_receipts)
         from sglang_iso.integration import spec_ngram
 
         ngram = spec_ngram.status()
@@ -105,6 +106,22 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         if pd_transfer.ACTIVE is not None:
             report["pd"] = pd_transfer.ACTIVE.status()
         state["sglang_iso"] = report
+
+
+ERASE_RECEIPTS_KEPT = 64
+
+
+def _erase(tree_cache: Any, command: commands.Command) -> None:
+    """Erase an owner's cache in this rank and keep the receipt for the HTTP process to read back."""
+    from sglang_iso.integration.spec_ngram import flush_tenant
+
+    owner, receipt_id = commands.erase_parts(command)
+    receipt = {**tree_cache.erase_owner(owner), "ngram_corpora_dropped": flush_tenant(owner)}
+    receipts = tree_cache.erase_receipts
+    receipts[receipt_id] = receipt
+    while len(receipts) > ERASE_RECEIPTS_KEPT:
+        receipts.pop(next(iter(receipts)))
+    logger.warning("sglang-iso: erased the cache of %s: %s", owner, receipt)
 
 
 def _dp_rank() -> int:
@@ -147,6 +164,8 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
             logger.info("sglang-iso: flushed adapter load %s (%d tokens released)", command.argument, released)
         elif command.kind in ("pd_status", "pd_reclaim"):
             ok = ok and _pd_command(command)
+        elif command.kind == "erase":
+            _erase(tree_cache, command)
         else:
             released = tree_cache.flush_owner(command.argument)
             from sglang_iso.integration.spec_ngram import flush_tenant

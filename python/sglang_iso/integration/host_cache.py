@@ -187,10 +187,12 @@ class HostCache:
             self.l3.flush("ns:" + ns)
         return self.tier.flush(ns)
 
-    def forget_owner(self, owner: str) -> None:
-        """Make every L3 page of ``owner`` (``"*"``: of everyone) unreachable, seen since the start or not."""
-        if self.l3 is not None:
-            self.l3.flush("*" if owner == "*" else "owner:" + owner)
+    def forget_owner(self, owner: str) -> int:
+        """Make every L3 page of ``owner`` (``"*"``: of everyone) unreachable, seen since the start or not; returns
+        the files deleted (those this store knows)."""
+        if self.l3 is None:
+            return 0
+        return self.l3.flush("*" if owner == "*" else "owner:" + owner)
 
     def ns_stat_fields(self) -> tuple[str, ...]:
         """The keys :meth:`ns_stats` returns."""

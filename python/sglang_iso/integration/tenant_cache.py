@@ -108,6 +108,7 @@ class TenantRadixCache(BasePrefixCache):
         self._configured: dict[str, Namespace] = {}  # namespace key -> the namespace, once configured
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
+        self.erase_receipts: dict[str, dict[str, int]] = {}  # receipt id -> what an erase dropped (newest last)
         self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
         self.pd_guard: Any = None  # PdGuard on a prefill/decode worker (set by the factory)
         self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
@@ -305,11 +306,32 @@ class TenantRadixCache(BasePrefixCache):
 
     def flush_owner(self, owner: str) -> int:
         """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
-        if self.host is not None:
-            self.host.forget_owner(owner)
-        return sum(
-            self._flush_ns(ns.key) for ns in list(self._configured.values()) if owner == "*" or ns.tenant == owner
-        )
+        receipt = self.erase_owner(owner, scrub_now=False)
+        return receipt["device_tokens_dropped"] + receipt["host_tokens_dropped"]
+
+    def erase_owner(self, owner: str, *, scrub_now: bool = True) -> dict[str, int]:
+        """Drop every copy of ``owner``'s cache (``"*"``: everyone's) in every tier; returns what each held.
+
+        Device entries a running request holds stay until it ends (``device_tokens_held``); freed device pages are
+        zeroed now with ``scrub_now`` (else at the next hand-out, as always); host pages are zeroed as they drop;
+        the owner's L3 files become unreadable (new key epoch) and those this server knows are deleted.
+        """
+        l3_files = self.host.forget_owner(owner) if self.host is not None else 0
+        device = host = 0
+        for ns in list(self._configured.values()):
+            if owner == "*" or ns.tenant == owner:
+                device += self.tree.flush(ns.key)
+                host += self.host.flush(ns.key) if self.host is not None else 0
+        scrubbed = self.scrubber.flush() if scrub_now and self.scrubber is not None else 0
+        stats = self.tenant_stats()
+        rows = stats.values() if owner == "*" else [stats.get(owner, {})]
+        return {
+            "device_tokens_dropped": device,
+            "device_pages_scrubbed": scrubbed,
+            "device_tokens_held": sum(int(row.get("resident_tokens") or 0) for row in rows),
+            "host_tokens_dropped": host,
+            "l3_files_deleted": l3_files,
+        }
 
     def flush_adapter(self, lora_id: str) -> int:
         """Drop every unlocked entry computed with adapter load ``lora_id``; returns tokens released."""

@@ -1,13 +1,16 @@
-"""``GET /iso/tenants``, ``POST /iso/flush``, ``GET /iso/check``, ``GET /iso/pd`` (PD transfer quarantine) and
-``POST /iso/pd/reclaim``.
+"""``GET /iso/tenants``, ``POST /iso/flush``, ``POST /iso/tenants/{id}/erase`` (with a receipt), ``GET /iso/check``,
+``GET /iso/pd`` (PD transfer quarantine) and ``POST /iso/pd/reclaim``.
 
 Admin-only: the gate lets only admins reach /iso/*.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from typing import Any
 
+from sglang_iso import observability
 from sglang_iso.integration.front.state import FrontState
 
 
@@ -50,28 +53,58 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
         unverified = [s.get("sglang_iso", {}).get("tree_cache", {}).get("rejected_tags", 0) for s in states]
         return ORJSONResponse({"tenants": tenants, "unverified_tags": unverified})
 
+    def unknown_tenant(tenant_id: object, status: int = 400) -> Any:
+        return ORJSONResponse(
+            {
+                "error": {
+                    "message": f"unknown tenant {tenant_id!r}",
+                    "type": "invalid_request_error",
+                    "param": "tenant",
+                    "code": "unknown_tenant",
+                }
+            },
+            status_code=status,
+        )
+
     async def iso_flush(body: dict[str, Any]) -> Any:
         config = front.config
         tenant_id = body.get("tenant") if isinstance(body, dict) else None
         tenant = config.tenants.get(tenant_id) if isinstance(tenant_id, str) else None
         if tenant is None:
-            return ORJSONResponse(
-                {
-                    "error": {
-                        "message": f"unknown tenant {tenant_id!r}",
-                        "type": "invalid_request_error",
-                        "param": "tenant",
-                        "code": "unknown_tenant",
-                    }
-                },
-                status_code=400,
-            )
+            return unknown_tenant(tenant_id)
         owner = tenant.group or tenant.id
         results = await commands.send(tokenizer_manager, commands.flush(owner))
         ok = bool(results) and all(results)
         return ORJSONResponse(
             {"flushed": ok, "tenant": tenant.id, "namespace_owner": owner}, status_code=200 if ok else 500
         )
+
+    async def iso_erase(tenant_id: str) -> Any:
+        tenant = front.config.tenants.get(tenant_id)
+        if tenant is None:
+            return unknown_tenant(tenant_id, 404)
+        owner = tenant.group or tenant.id
+        receipt_id = secrets.token_hex(8)
+        erased_at = round(time.time(), 3)
+        results = await commands.send(tokenizer_manager, commands.erase(owner, receipt_id))
+        states = await tokenizer_manager.get_internal_state()
+        states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))
+        ranks = [s.get("sglang_iso", {}).get("erase_receipts", {}).get(receipt_id) for s in states]
+        found = [r for r in ranks if isinstance(r, dict)]
+        totals = {k: sum(int(r.get(k, 0)) for r in found) for k in (found[0] if found else {})}
+        ok = bool(results) and all(results) and len(found) == len(ranks) == len(results)
+        receipt = {
+            "receipt_id": receipt_id,
+            "tenant": tenant.id,
+            "namespace_owner": owner,
+            "erased_at": erased_at,
+            "erased": ok,
+            "complete": ok and totals.get("device_tokens_held", 0) == 0,
+            "totals": totals,
+            "ranks": ranks,
+        }
+        observability.audit("tenant_erased", **receipt)
+        return ORJSONResponse(receipt, status_code=200 if ok else 500)
 
     async def iso_check() -> Any:
         results = await commands.send(tokenizer_manager, commands.CHECK_INTEGRITY)
@@ -96,3 +129,4 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
     app.add_api_route("/iso/check", iso_check, methods=["GET"])
     app.add_api_route("/iso/tenants", iso_tenants, methods=["GET"])
     app.add_api_route("/iso/flush", iso_flush, methods=["POST"])
+    app.add_api_route("/iso/tenants/{tenant_id}/erase", iso_erase, methods=["POST"])
