@@ -453,3 +453,34 @@ def test_erase_drops_every_tier_and_its_receipt_counts_what_each_held(tmp_path: 
     cache.dec_lock_ref(held.last_device_node)
     assert cache.erase_owner("acme")["device_tokens_dropped"] == 4  # the held entries go once released
     assert cache.check_integrity()
+
+
+def test_a_flushed_tenants_files_cannot_be_decrypted_even_with_the_secret(tmp_path: Path) -> None:
+    """Crypto-shredding: a copy of acme's file (a backup, another node) is readable with the secret and the epochs
+    file of its time (control), and not with the epochs file after acme's flush, even put back under its old
+    name with acme's epoch rewound: the salt of that epoch is gone."""
+    import json
+
+    st = FileL3Store(tmp_path / "live", SECRET, FINGERPRINT, 8, _owner)
+    assert st.write("t:acme:1", b"d", b"acme-kv!")
+    name = st.name("t:acme:1", b"d")
+    backup = (tmp_path / "live" / name).read_bytes()
+    epochs_name = st._epochs_path.name
+    before = (tmp_path / "live" / epochs_name).read_text()
+
+    def restored(epochs_text: str) -> FileL3Store:
+        where = tmp_path / f"restore-{len(list(tmp_path.iterdir()))}"
+        where.mkdir()
+        (where / name).write_bytes(backup)
+        (where / epochs_name).write_text(epochs_text)
+        return FileL3Store(where, SECRET, FINGERPRINT, 8, _owner)
+
+    assert restored(before).read("t:acme:1", b"d") == b"acme-kv!"  # control: the old salt decrypts it
+    st.flush("owner:acme")
+    after = json.loads((tmp_path / "live" / epochs_name).read_text())
+    acme = st.owner_label("t:acme:1")
+    rewound = {**after, acme: [0, after[acme][1]]}  # the old name again, but only the new salt exists
+    attacker = restored(json.dumps(rewound))
+    assert attacker.name("t:acme:1", b"d") == name
+    assert attacker.read("t:acme:1", b"d") is None and attacker.bad_files == 1
+    assert st.write("t:acme:1", b"d", b"acme-kv2") and st.read("t:acme:1", b"d") == b"acme-kv2"  # control

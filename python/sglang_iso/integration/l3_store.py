@@ -9,7 +9,8 @@ shared by every tenant and kept across restarts. Here::
     file name = hex(HMAC-SHA-256(k_store, epochs 0x00 namespace id 0x00 page digest)) + ".kv"
     epochs    = the flush counters of all ("*"), of the namespace's owner (tenant) and of the namespace
     contents  = header | nonce | AES-256-GCM(k_owner, nonce, page KV, associated data = name | header)
-    k_owner   = HKDF-SHA-256(k_store, info = "sglang-iso/l3/aead" 0x00 owner label 0x00 epochs)
+    k_owner   = HKDF-SHA-256(k_store, info = "sglang-iso/l3/aead" 0x00 owner label 0x00 epochs | salts)
+    salts     = the random salts of the current epochs of all ("*") and of the owner, kept only in the epochs file
     header    = owner label | namespace label | epochs | HMAC(k_store, name | ...)[:16]   (labels: MACs, hex)
     nonce     = 12 random bytes per file; page KV = every buffer's rows of the page, in buffer order
 
@@ -121,7 +122,7 @@ class FileL3Store:
         self._key = hmac.new(secret, _DOMAIN + fingerprint, hashlib.sha256).digest()
         self._ciphers: dict[tuple[str, tuple[int, int, int]], AESGCM] = {}  # (owner label, epochs) -> its AEAD
         self._epochs_path = self.directory / f"epochs-{self._mac(b'epochs').hex()[:32]}.json"
-        self._epochs: dict[str, int] = self._load_epochs()
+        self._epochs: dict[str, tuple[int, str]] = self._load_epochs()  # label -> (epoch, its salt, hex)
         self.index = L3Index(None if max_bytes is None else max_bytes // self.file_bytes)
         self.written_pages = 0
         self.read_pages = 0
@@ -156,6 +157,11 @@ class FileL3Store:
         if victims is None:
             return False
         self._delete(victims, pruned=True)
+        try:
+            self._salted(self._label("*"), owner)
+        except OSError:
+            logger.exception("sglang-iso: L3 epochs file write failed")
+            return False
         epochs = self._current_epochs(owner, ns_label)
         body = owner.encode() + ns_label.encode() + _EPOCHS.pack(*epochs)
         header = body + self._mac(b"header\x00" + name.encode() + body)[:_HEADER_TAG_BYTES]
@@ -208,19 +214,12 @@ class FileL3Store:
         ``scope``: ``"*"`` (everything), ``"owner:<tenant>"`` or ``"ns:<namespace>"``.
         """
         label = self._label(scope)
-        # NOTE: read-modify-write under a lock, because every DP rank (its own process) may flush into the same
-        # directory; a lost bump would make flushed pages reachable again after a restart.
-        with open(self.directory / ".epochs.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                on_disk = self._load_epochs()
-                merged = {k: max(on_disk.get(k, 0), self._epochs.get(k, 0)) for k in {*on_disk, *self._epochs}}
-                merged[label] = merged.get(label, 0) + 1
-                self._atomic_write(self._epochs_path, json.dumps(merged, sort_keys=True).encode())
-                self._epochs = merged
-                self._ciphers.clear()  # NOTE: keys of the old epochs are never needed again
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+
+        def bump(merged: dict[str, tuple[int, str]]) -> None:
+            # SECURITY: the old epoch's salt is overwritten: its files cannot be decrypted any more.
+            merged[label] = (merged.get(label, (0, ""))[0] + 1, _salt())
+
+        self._update_epochs(bump)
         if scope == "*":
             names = self.index.drop_all()
         elif scope.startswith("owner:"):
@@ -263,6 +262,38 @@ class FileL3Store:
 
     # ------------------------------------------------------------------------------------------ private
 
+    def _update_epochs(self, change: Callable[[dict[str, tuple[int, str]]], None]) -> None:
+        """Apply ``change`` to the epochs merged from the file and this store, and persist them."""
+        # NOTE: read-modify-write under a lock, because every DP rank (its own process) may flush into the same
+        # directory; a lost bump would make flushed pages reachable again after a restart.
+        with open(self.directory / ".epochs.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                on_disk = self._load_epochs()
+                merged = {
+                    k: max(on_disk.get(k, (0, "")), self._epochs.get(k, (0, "")), key=lambda entry: entry[0])
+                    for k in {*on_disk, *self._epochs}
+                }
+                change(merged)
+                text = json.dumps({k: list(v) for k, v in merged.items()}, sort_keys=True)
+                self._atomic_write(self._epochs_path, text.encode())
+                self._epochs = merged
+                self._ciphers.clear()  # NOTE: keys of the old epochs are never needed again
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _salted(self, *labels: str) -> None:
+        """Give each label without an epoch entry its first one (epoch 0, a random salt), persisted: the keys of
+        its first epoch must be shreddable too."""
+        if all(label in self._epochs for label in labels):
+            return
+
+        def add(merged: dict[str, tuple[int, str]]) -> None:
+            for label in labels:
+                merged.setdefault(label, (0, _salt()))
+
+        self._update_epochs(add)
+
     def _mac(self, msg: bytes) -> bytes:
         return hmac.new(self._key, msg, hashlib.sha256).digest()
 
@@ -270,7 +301,8 @@ class FileL3Store:
         """The AEAD of ``owner_label``'s pages at ``epochs`` (derived once, then kept)."""
         found = self._ciphers.get((owner_label, epochs))
         if found is None:
-            info = _AEAD_INFO + owner_label.encode() + b"\x00" + _EPOCHS.pack(*epochs)
+            salts = self._epochs.get(self._label("*"), (0, ""))[1] + "," + self._epochs.get(owner_label, (0, ""))[1]
+            info = _AEAD_INFO + owner_label.encode() + b"\x00" + _EPOCHS.pack(*epochs) + salts.encode()
             key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(self._key)
             found = self._ciphers[(owner_label, epochs)] = AESGCM(key)
         return found
@@ -279,8 +311,12 @@ class FileL3Store:
         return self._mac(b"scope\x00" + scope.encode()).hex()[:_LABEL_CHARS]
 
     def _current_epochs(self, owner_label: str, ns_label: str) -> tuple[int, int, int]:
-        get = self._epochs.get
-        return get(self._label("*"), 0), get(owner_label, 0), get(ns_label, 0)
+        epochs = self._epochs
+        return (
+            epochs.get(self._label("*"), (0, ""))[0],
+            epochs.get(owner_label, (0, ""))[0],
+            epochs.get(ns_label, (0, ""))[0],
+        )
 
     def _scan(self) -> None:
         """Index the files this store can authenticate, oldest mtime first; delete those of an older epoch."""
@@ -316,7 +352,7 @@ class FileL3Store:
                 logger.exception("sglang-iso: L3 page delete failed")
             self.index.remove(name, pruned=pruned)
 
-    def _load_epochs(self) -> dict[str, int]:
+    def _load_epochs(self) -> dict[str, tuple[int, str]]:
         try:
             raw = json.loads(self._epochs_path.read_text())
         except FileNotFoundError:
@@ -324,9 +360,9 @@ class FileL3Store:
         except (OSError, ValueError) as exc:
             # NOTE: fail closed: without the epochs, flushed pages could become reachable again.
             raise RuntimeError(f"sglang-iso: unreadable L3 epochs file {self._epochs_path}: {exc}") from None
-        if not isinstance(raw, dict) or not all(isinstance(v, int) for v in raw.values()):
+        if not isinstance(raw, dict) or not all(_is_epoch_entry(v) for v in raw.values()):
             raise RuntimeError(f"sglang-iso: malformed L3 epochs file {self._epochs_path}")
-        return {str(k): int(v) for k, v in raw.items()}
+        return {str(k): (int(v[0]), str(v[1])) for k, v in raw.items()}
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
@@ -337,6 +373,21 @@ class FileL3Store:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _salt() -> str:
+    return os.urandom(16).hex()
+
+
+def _is_epoch_entry(value: object) -> bool:
+    """``[epoch, salt hex]`` as the epochs file keeps it."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], int)
+        and isinstance(value[1], str)
+        and all(c in "0123456789abcdef" for c in value[1])
+    )
 
 
 def page_payload(buffers: list[torch.Tensor], slots: torch.Tensor) -> bytes:
