@@ -1,4 +1,5 @@
-"""SIGHUP reloads the tenants file: key rotation and new tenants, no request in flight dropped."""
+"""SIGHUP reloads the tenants file: key rotation and new tenants, no request in flight dropped; a removed tenant's
+cache is erased."""
 
 from __future__ import annotations
 
@@ -62,5 +63,20 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
         reload("this is [not valid toml")  # a broken file is rejected; the running config stays
         assert gen(new) == 200 and gen(newco) == 200
         assert "tenants file reload rejected" in server.log_text()
+
+        def resident(owner: str) -> int:
+            status, info = server.get_with("/get_server_info", {"Authorization": f"Bearer {admin}"})
+            assert status == 200, info
+            row = info["internal_states"][0]["sglang_iso"]["tenants"].get(owner) or {}
+            return int(row.get("resident_tokens") or 0)
+
+        assert resident("newco") > 0 and resident("acme") > 0
+        reload(tenants_toml({"acme": [new]}, admin))  # step 3: newco leaves; its cache must not outlive it
+        deadline = time.monotonic() + 30
+        while "removed tenant newco erased" not in server.log_text():
+            assert time.monotonic() < deadline, "the removed tenant's cache was not erased"
+            time.sleep(0.5)
+        assert gen(newco) == 401 and resident("newco") == 0
+        assert resident("acme") > 0  # control: the tenant that stays keeps its cache
     finally:
         server.stop()

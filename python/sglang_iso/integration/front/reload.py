@@ -21,7 +21,8 @@ def install_reload(keys: ReloadableKeys, front: FrontState) -> None:
     A file that fails validation, or that changes the namespace secret (the
     scheduler verifies tags with the secret it started with), is rejected and the
     running config stays. Quotas, cache policies and shared prefixes are read by
-    the scheduler at start; a changed value takes effect at the next restart.
+    the scheduler at start; a changed value takes effect at the next restart. A tenant (or group) the new file
+    no longer has is erased in every tier by the retention sweeper (``front.removed_owners``).
     """
 
     def reload(_signum: int, _frame: Any) -> None:

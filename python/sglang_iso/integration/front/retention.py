@@ -1,14 +1,18 @@
-"""Retention in the HTTP process: each owner's requests are tracked, and a sweeper drops expired caches.
+"""Retention and erasure in the HTTP process: requests tracked per owner, a sweeper dropping expired caches.
 
 The limits and the bookkeeping are :mod:`sglang_iso.server.retention`; this module feeds it from the requests
 (:func:`track`, wrapped around each tagged request's outputs) and runs the sweeper task (:func:`sweep`, started by
-the gate on the server's first ASGI event), which sends the tenant flush to every scheduler for each owner due.
+the gate on the server's first ASGI event), which sends the tenant flush to every scheduler for each owner due,
+and erases the caches of owners a reload removed from the tenants file. :func:`erase` is also
+``POST /iso/tenants/{id}/erase``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,10 +35,44 @@ async def track(outputs: Any, owner: str, retention: Retention) -> AsyncIterator
         retention.finished(owner)
 
 
+async def erase(tokenizer_manager: Any, owner: str, tenant: str) -> dict[str, Any]:
+    """Erase ``owner``'s cache on every rank; the receipt (per rank and totals) of what each tier held."""
+    receipt_id = secrets.token_hex(8)
+    erased_at = round(time.time(), 3)
+    results = await commands.send(tokenizer_manager, commands.erase(owner, receipt_id))
+    states = await tokenizer_manager.get_internal_state()
+    states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))  # replies come unordered
+    ranks = [s.get("sglang_iso", {}).get("erase_receipts", {}).get(receipt_id) for s in states]
+    found = [r for r in ranks if isinstance(r, dict)]
+    totals = {k: sum(int(r.get(k, 0)) for r in found) for k in (found[0] if found else {})}
+    ok = bool(results) and all(results) and len(found) == len(ranks) == len(results)
+    return {
+        "receipt_id": receipt_id,
+        "tenant": tenant,
+        "namespace_owner": owner,
+        "erased_at": erased_at,
+        "erased": ok,
+        "complete": ok and totals.get("device_tokens_held", 0) == 0,
+        "totals": totals,
+        "ranks": ranks,
+    }
+
+
 async def sweep(tokenizer_manager: Any, front: FrontState) -> None:
-    """Forever: drop the caches of the owners due (tenant flush on every rank), then sleep a little."""
+    """Forever: erase the caches of owners removed from the tenants file, drop those whose retention passed (tenant
+    flush on every rank), then sleep a little."""
     while True:
         await asyncio.sleep(front.retention.next_check_s())
+        for owner in sorted(front.removed_owners):
+            try:
+                receipt = await erase(tokenizer_manager, owner, owner)
+            except Exception:  # NOTE: the next sweep tries again; serving goes on
+                logger.exception("sglang-iso: erasing removed tenant %s failed", owner)
+                continue
+            if receipt["erased"]:
+                front.removed_owners.discard(owner)
+                logger.warning("sglang-iso: removed tenant %s erased: %s", owner, receipt["totals"])
+                observability.audit("tenant_removed_erased", **receipt)
         for owner, reason in front.retention.due():
             try:
                 results = await commands.send(tokenizer_manager, commands.flush(owner))

@@ -6,11 +6,10 @@ Admin-only: the gate lets only admins reach /iso/*.
 
 from __future__ import annotations
 
-import secrets
-import time
 from typing import Any
 
 from sglang_iso import observability
+from sglang_iso.integration.front import retention
 from sglang_iso.integration.front.state import FrontState
 
 
@@ -83,28 +82,9 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
         tenant = front.config.tenants.get(tenant_id)
         if tenant is None:
             return unknown_tenant(tenant_id, 404)
-        owner = tenant.group or tenant.id
-        receipt_id = secrets.token_hex(8)
-        erased_at = round(time.time(), 3)
-        results = await commands.send(tokenizer_manager, commands.erase(owner, receipt_id))
-        states = await tokenizer_manager.get_internal_state()
-        states = sorted(states, key=lambda s: s.get("sglang_iso", {}).get("dp_rank", 0))
-        ranks = [s.get("sglang_iso", {}).get("erase_receipts", {}).get(receipt_id) for s in states]
-        found = [r for r in ranks if isinstance(r, dict)]
-        totals = {k: sum(int(r.get(k, 0)) for r in found) for k in (found[0] if found else {})}
-        ok = bool(results) and all(results) and len(found) == len(ranks) == len(results)
-        receipt = {
-            "receipt_id": receipt_id,
-            "tenant": tenant.id,
-            "namespace_owner": owner,
-            "erased_at": erased_at,
-            "erased": ok,
-            "complete": ok and totals.get("device_tokens_held", 0) == 0,
-            "totals": totals,
-            "ranks": ranks,
-        }
+        receipt = await retention.erase(tokenizer_manager, tenant.group or tenant.id, tenant.id)
         observability.audit("tenant_erased", **receipt)
-        return ORJSONResponse(receipt, status_code=200 if ok else 500)
+        return ORJSONResponse(receipt, status_code=200 if receipt["erased"] else 500)
 
     async def iso_check() -> Any:
         results = await commands.send(tokenizer_manager, commands.CHECK_INTEGRITY)

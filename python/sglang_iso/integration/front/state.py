@@ -35,6 +35,8 @@ class FrontState:
         """The gate's per-tenant rate limits (set when the gate is installed), for the admin API."""
         self.retention = Retention(policies(config))
         """Each owner's retention limits and request activity (:mod:`sglang_iso.server.retention`)."""
+        self.removed_owners: set[str] = set()
+        """Owners (tenants, groups) a reload removed whose caches are still to be erased (by the sweeper)."""
         self.sweeper: Any = None
         """The task dropping expired caches (started with the server's event loop)."""
         self.internal_key: str | None = None
@@ -42,7 +44,9 @@ class FrontState:
         kept in memory only)."""
 
     def replace_config(self, config: TenantsConfig) -> None:
-        """A reloaded tenants file takes effect for new requests."""
+        """A reloaded tenants file takes effect for new requests; owners it no longer has get their caches erased."""
+        old_owners = {t.group or t.id for t in self.config.tenants.values()}
+        self.removed_owners |= old_owners - {t.group or t.id for t in config.tenants.values()}
         self.config = config
         self.tagger = self._make_tagger()
         self.retention.replace_limits(policies(config))
