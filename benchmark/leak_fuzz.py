@@ -9,6 +9,7 @@ far), then the report (requests, answers, same-owner hits, leaks, errors) and th
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=36_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--progress-s", type=float, default=30.0, help="seconds between progress lines")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here (for sglang-iso evidence)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="sglang-iso-fuzz-"))
     tenants_file, tenants, admin = write_tenants(workdir)
@@ -50,6 +52,19 @@ def main() -> int:
     print(f"leaks {len(report.leaks)}  errors {len(report.errors)}  final-check problems {len(problems)}")
     for line in [*report.leaks, *report.errors, *problems][:50]:
         print("  " + line)
+    if args.json is not None:
+        result = {
+            "seed": args.seed,
+            "operations_budget": args.ops,
+            "seconds": round(time.monotonic() - t0, 1),
+            "requests": report.requests,
+            "answered": report.ok,
+            "same_owner_hits": report.same_owner_hits,
+            "leaks": len(report.leaks),
+            "errors": len(report.errors),
+            "final_check_problems": len(problems),
+        }
+        args.json.write_text(json.dumps(result, indent=2))
     return 0 if not (report.leaks or report.errors or problems) else 1
 
 

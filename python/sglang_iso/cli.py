@@ -18,6 +18,8 @@ commands:
   demo [--port PORT]                    serve the bundled tiny model and show a cache hit
   audit --base-url URL --victim-key K --attacker-key K2 [...]
                                         prompt-cache side-channel audit (KS test on TTFT, cached_tokens oracle)
+  evidence --tenants-file FILE [--base-url URL] [--audit-json F] [--leak-fuzz-json F] [--out-dir DIR]
+                                        one report for an auditor: configuration, counters, test results, checks
   router [SGLANG-ROUTER FLAGS]          run sglang-router (python -m sglang_router.launch_router) on this install
   router --pd-disaggregation --tenants-file FILE [--router-key-env VAR] [SGLANG-ROUTER FLAGS]
                                         the PD router behind sglang-iso's front gate (its own router key)
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         from sglang_iso.audit import main as audit_main
 
         return audit_main(rest)
+    if command == "evidence":
+        from sglang_iso.audit.evidence import main as evidence_main
+
+        return evidence_main(rest)
     if command == "router":
         return _router(rest)
     if command == "keys":

@@ -105,3 +105,20 @@ def test_erase_drops_one_tenants_cache_with_a_receipt(setup: tuple[ServerProcess
     events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
     erased = [e for e in events if e.get("event") == "tenant_erased"]
     assert [e["receipt_id"] for e in erased] == [receipt["receipt_id"]] and erased[0]["totals"] == receipt["totals"]
+
+
+def test_the_evidence_report_reads_the_live_server(setup: tuple[ServerProcess, TenantsFile, Path]) -> None:
+    """``sglang-iso evidence`` against this server: its isolation counters pass, retention is reported as not
+    configured for the tenants without limits, and what needs test results is marked not shown."""
+    from sglang_iso.audit import evidence
+    from sglang_iso.tenancy.config import load_tenants_file
+
+    server, made, _ = setup
+    generate(server, made.keys["initech"], long_prompt())  # something served, so hits are attributed
+    live = evidence.fetch_server(server.base_url, made.keys["admin"])
+    report = evidence.build(load_tenants_file(made.path), server=live)
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert statuses == {"E1": "pass", "E2": "pass", "E3": "pass", "E4": "not shown", "E5": "pass",
+                        "E6": "not configured"}, report["checks"]  # fmt: skip
+    with pytest.raises(OSError, match="HTTP 403"):
+        evidence.fetch_server(server.base_url, made.keys["initech"])  # a tenant key reads no counters
