@@ -317,18 +317,17 @@ class TenantRadixCache(BasePrefixCache):
         the owner's L3 files become unreadable (new key epoch) and those this server knows are deleted.
         """
         l3_files = self.host.forget_owner(owner) if self.host is not None else 0
-        device = host = 0
+        device = host = held = 0
         for ns in list(self._configured.values()):
             if owner == "*" or ns.tenant == owner:
                 device += self.tree.flush(ns.key)
                 host += self.host.flush(ns.key) if self.host is not None else 0
+                held += self.tree.stats(ns.key).resident  # locked by running requests: they stay
         scrubbed = self.scrubber.flush() if scrub_now and self.scrubber is not None else 0
-        stats = self.tenant_stats()
-        rows = stats.values() if owner == "*" else [stats.get(owner, {})]
         return {
             "device_tokens_dropped": device,
             "device_pages_scrubbed": scrubbed,
-            "device_tokens_held": sum(int(row.get("resident_tokens") or 0) for row in rows),
+            "device_tokens_held": held,
             "host_tokens_dropped": host,
             "l3_files_deleted": l3_files,
         }
