@@ -114,7 +114,7 @@ class Soak:
     # ------------------------------------------------------------------------------------------------ running
     def run(self, ops: int, progress: Progress | None = None) -> SoakResult:
         """Run ``ops`` operations (stops at the first failure, recorded in the result)."""
-        weights = {"request": 70, "finish": 12, "evict": 8, "flush_tenant": 2, "flush_all": 0.2}
+        weights = {"request": 70, "finish": 12, "evict": 8, "flush_tenant": 1, "flush_all": 0.02}
         kinds, w = list(weights), list(weights.values())
         try:
             for i in range(ops):
@@ -141,7 +141,7 @@ class Soak:
 
     # ------------------------------------------------------------------------------------------------ operations
     def _request(self, tenant: str | None = None, tokens: list[int] | None = None) -> None:
-        tenant = tenant or self.rng.choice(self.names)
+        tenant = tenant or self._pick_tenant()
         recent = self.recent[tenant]
         if tokens is None:
             follow_up = bool(recent) and self.rng.random() < 0.4  # a follow-up of its own conversation
@@ -171,6 +171,11 @@ class Soak:
         else:
             self.cache.dec_lock_ref(node)
 
+    def _pick_tenant(self) -> str:
+        """Popularity as on a real platform: the busiest tenth of the tenants sends 60% of the requests."""
+        hot = max(1, len(self.names) // 10)
+        return self.rng.choice(self.names[:hot] if self.rng.random() < 0.6 else self.names)
+
     def _finish(self) -> None:
         if self.in_flight:
             _, node, _, _ = self.in_flight.pop(self.rng.randrange(len(self.in_flight)))
@@ -181,7 +186,7 @@ class Soak:
         self.result.evictions += 1
 
     def _flush_tenant(self) -> None:
-        self.cache.flush_owner(self.rng.choice(self.names))
+        self.cache.flush_owner(self._pick_tenant())
         self.result.flushes += 1
 
     def _flush_all(self) -> None:
