@@ -69,6 +69,10 @@ ROUTER_KEY = EnvVar(
     "SGLANG_ISO_ROUTER_KEY", "`sglang-iso router --pd-disaggregation`: the router's own key (default variable)", None,
     "operator",
 )  # fmt: skip
+ADMIN_KEY = EnvVar(
+    "SGLANG_ISO_ADMIN_KEY", "`sglang-iso evidence --base-url`: the admin key it reads counters with (default variable)",
+    None, "operator",
+)  # fmt: skip
 NGRAM_CORPUS = EnvVar(
     "SGLANG_ISO_NGRAM_CORPUS", "NGRAM draft corpus: 'namespace' (one per namespace) or 'shared'", "namespace",
     "operator",

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sglang_iso import coverage
+from sglang_iso import coverage, envvars
 from sglang_iso.tenancy.config import ConfigError, TenantsConfig, load_tenants_file
 
 Status = Literal["pass", "fail", "not shown", "not configured"]
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--tenants-file", required=True, type=Path)
     parser.add_argument("--base-url", default=None, help="a running server to read counters from (admin key needed)")
-    parser.add_argument("--admin-key-env", default="SGLANG_ISO_ADMIN_KEY", help="variable holding the admin key")
+    parser.add_argument("--admin-key-env", default=envvars.ADMIN_KEY.name, help="variable holding the admin key")
     parser.add_argument("--audit-json", type=Path, default=None, help="audit.json of `sglang-iso audit`")
     parser.add_argument("--leak-fuzz-json", type=Path, default=None, help="the --json output of leak_fuzz.py")
     parser.add_argument("--out-dir", type=Path, default=Path("sglang-iso-evidence"))
