@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,9 +24,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+_PORTS = range(20000, 32000)
+"""Below Linux's default ephemeral range (32768-60999): no outgoing connection takes a port handed out here between
+the check and the server's bind (port 0 would hand out an ephemeral port, which any client socket may take)."""
+_HANDED: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port that binds now, not handed out before by this process."""
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(_PORTS.start, _PORTS.stop)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    with socket.socket() as s:  # NOTE: that range is full: fall back to what the kernel picks
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -114,3 +114,13 @@ def test_children_of_a_launcher_that_already_exited_are_killed() -> None:
     else:
         pytest.fail(f"child {child} of the exited launcher is still running")
     server.log_path.unlink(missing_ok=True)
+
+
+def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_repeated() -> None:
+    import socket
+
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(20000 <= p < 32000 for p in ports)  # outgoing connections take ports from 32768 up
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))  # it is free indeed
