@@ -109,11 +109,6 @@ class KvScrubber:
         )
         return self
 
-    @property
-    def buffers(self) -> list[torch.Tensor]:
-        """The slot-row tensors (target and draft pools)."""
-        return self.tensors.slots
-
     def add_pool(self, tensors: PoolTensors) -> None:
         """Zero these tensors too on every scrub: a draft model's KV pool, which indexes the same slots and
         request rows through the same allocator and row table (``integration/spec_draft.py``).
@@ -191,8 +186,10 @@ def zero_pages(tensors: PoolTensors, pages: torch.Tensor, page_size: int) -> Non
 
 def zero_request_rows(tensors: PoolTensors, rows: list[int]) -> None:
     """Zero rows ``rows`` of every request-row tensor."""
+    if not tensors.requests:
+        return
+    index = torch.tensor(rows, dtype=torch.int64, device=tensors.requests[0].device)
     for buf in tensors.requests:
-        index = torch.tensor(rows, dtype=torch.int64, device=buf.device)
         buf.index_fill_(0, index, 0)
 
 
