@@ -8,8 +8,14 @@ target, so every SGLang process gets them.
 
 from __future__ import annotations
 
-from sglang_iso import envvars
+from typing import TYPE_CHECKING
+
+from sglang_iso import envvars, settings
 from sglang_iso.platform import bootstrap
+from sglang_iso.settings import Settings
+
+if TYPE_CHECKING:
+    from sglang_iso.server.args import LaunchPlan
 
 bootstrap.apply()
 
@@ -35,16 +41,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from sglang_iso.plugin import test_plugin_refusal
 
-    refusal = test_plugin_refusal(os.environ)
-    if refusal is not None:
-        print(f"sglang-iso: error: {refusal}", file=sys.stderr)
-        return 2
     try:
         plan = plan_launch(args, cuda_available=bootstrap.cuda_available(), env=dict(os.environ))
         if plan.tenants_file is not None:
             from sglang_iso.tenancy.config import load_tenants_file
 
             config = load_tenants_file(plan.tenants_file)
+        launch_env = _launch_env(plan)
+        refusal = test_plugin_refusal(Settings.from_env({**os.environ, **launch_env}))  # NOTE: read by every process
+        if refusal is not None:
+            raise ValueError(refusal)
     except ValueError as exc:  # includes ConfigError, which names the file, field and line
         print(f"sglang-iso: error: {exc}", file=sys.stderr)
         return 2
@@ -61,19 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0
-    os.environ[envvars.REQUIRE_TENANT_CACHE.name] = "1"
     for name, value in plan.env_added:
-        os.environ[name] = value
         logging.getLogger("sglang_iso").warning("sglang-iso: added environment default: %s=%s", name, value)
-
-    os.environ[envvars.KV_SCRUB.name] = plan.kv_scrub
-
-    os.environ[envvars.KV_OWNER_CHECK.name] = plan.kv_owner_check
-    if plan.audit_log is not None:
-        os.environ[envvars.AUDIT_LOG.name] = plan.audit_log
+    os.environ.update(launch_env)
+    settings.reset()  # NOTE: this process serves HTTP: it reads what it just set, not what it saw at import
     if plan.tenants_file is not None:
-        os.environ[envvars.TENANTS_FILE.name] = plan.tenants_file
-        os.environ[envvars.METRICS_AUTH.name] = plan.metrics_auth
         logging.getLogger("sglang_iso").warning(
             "sglang-iso: %d tenants from %s", len(config.tenants), plan.tenants_file
         )
@@ -83,6 +81,19 @@ def main(argv: list[str] | None = None) -> int:
 
     serve(plan.sglang_argv)
     return 0
+
+
+def _launch_env(plan: LaunchPlan) -> dict[str, str]:
+    """The ``SGLANG_ISO_*`` variables this launch sets; every SGLang process it spawns inherits them."""
+    env = {envvars.REQUIRE_TENANT_CACHE.name: "1", **dict(plan.env_added)}
+    env[envvars.KV_SCRUB.name] = plan.kv_scrub
+    env[envvars.KV_OWNER_CHECK.name] = plan.kv_owner_check
+    if plan.audit_log is not None:
+        env[envvars.AUDIT_LOG.name] = plan.audit_log
+    if plan.tenants_file is not None:
+        env[envvars.TENANTS_FILE.name] = plan.tenants_file
+        env[envvars.METRICS_AUTH.name] = plan.metrics_auth
+    return env
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any
 
-from sglang_iso import envvars
+from sglang_iso.settings import current as current_settings
 
 AUDIT_MAX_BYTES = 64 * 1024 * 1024
 AUDIT_BACKUPS = 5
@@ -104,14 +104,14 @@ def metrics() -> dict[str, Any] | None:
 def audit_logger() -> logging.Logger | None:
     """The audit logger of this process (None without ``--iso-audit-log``)."""
     global _audit
-    path = os.environ.get(envvars.AUDIT_LOG.name)
+    path = current_settings().audit_log
     if _audit is not None or not path:
         return _audit
     return _open_audit(path)
 
 
 def scheduler_audit_logger() -> logging.Logger | None:
-    path = os.environ.get(envvars.AUDIT_LOG.name)
+    path = current_settings().audit_log
     if not path:
         return None
     global _audit

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-from collections.abc import Mapping
 
 from sglang_iso import envvars
+from sglang_iso.settings import Settings
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -21,8 +21,10 @@ def register() -> None:
 
     Raises:
         RuntimeError: test plugins are named without the testing switch (see :func:`test_plugin_refusal`).
+        SettingsError: a ``SGLANG_ISO_*`` variable holds a value not accepted (named).
     """
-    refusal = test_plugin_refusal(os.environ)
+    settings = current_settings()  # NOTE: a malformed variable raises here, naming it: nothing is registered
+    refusal = test_plugin_refusal(settings)
     if refusal is not None:
         raise RuntimeError(refusal)  # NOTE: before registering, so the tenant backend stays unregistered
 
@@ -33,10 +35,10 @@ def register() -> None:
     from sglang_iso.integration import registration
 
     registration.install()
-    _load_test_plugins(os.environ)
+    _load_test_plugins(settings.test_plugins)
 
 
-def test_plugin_refusal(env: Mapping[str, str]) -> str | None:
+def test_plugin_refusal(settings: Settings) -> str | None:
     """Why a server must not start with this environment's test plugins, or None.
 
     Extension point for the test harness, empty in production: ``SGLANG_ISO_TEST_PLUGINS`` names
@@ -45,16 +47,16 @@ def test_plugin_refusal(env: Mapping[str, str]) -> str | None:
     Such code corrupts requests on purpose, so it loads only with the explicit switch
     ``SGLANG_ISO_TESTING=1`` that only the test harness sets; the launcher and every process refuse otherwise.
     """
-    names = env.get(envvars.TEST_PLUGINS.name, "").strip()
-    if not names or env.get(envvars.TESTING.name) == "1":
+    if not settings.test_plugins or settings.testing:
         return None
     return (
-        f"{envvars.TEST_PLUGINS.name}={names} loads test-only code into the server; refusing to start "
+        f"{envvars.TEST_PLUGINS.name}={','.join(settings.test_plugins)} loads test-only code into the server; "
+        "refusing to start "
         f"(only the test harness sets it, together with {envvars.TESTING.name}=1)"
     )
 
 
-def _load_test_plugins(env: Mapping[str, str]) -> None:
-    for name in filter(None, (n.strip() for n in env.get(envvars.TEST_PLUGINS.name, "").split(","))):
+def _load_test_plugins(names: tuple[str, ...]) -> None:
+    for name in names:
         importlib.import_module(name).register()
         logger.warning("sglang-iso: TEST plugin %s loaded (%s=1): not for production", name, envvars.TESTING.name)

@@ -10,7 +10,7 @@ from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
 from sglang.srt.mem_cache.registry import get_radix_cache_factory
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-from sglang_iso import envvars, plugin
+from sglang_iso import envvars, plugin, settings
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import backend, hook_table, hooks
 
@@ -53,6 +53,7 @@ def test_scheduler_check_refuses_a_foreign_tree_cache(monkeypatch: pytest.Monkey
         hooks.verify_scheduler_tree_cache(None, scheduler)
     # Not enforced for a plain upstream server started from the same environment.
     monkeypatch.delenv(envvars.REQUIRE_TENANT_CACHE.name)
+    settings.reset()
     hooks.verify_scheduler_tree_cache(None, scheduler)
 
 

@@ -21,7 +21,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-from sglang_iso import envvars
+from sglang_iso import envvars, settings
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table, owner_check, spec_draft
@@ -208,6 +208,7 @@ def test_scheduler_refuses_uncovered_algorithms_before_any_model_loads(monkeypat
     for name in (None, "NGRAM", "STANDALONE", "EAGLE", "EAGLE3", "NEXTN"):  # positive control: covered ones start
         refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm=name))
     monkeypatch.delenv(envvars.REQUIRE_TENANT_CACHE.name)  # an upstream server (benchmark baseline) is left alone
+    settings.reset()
     refuse_uncovered_speculative(None, SimpleNamespace(speculative_algorithm="DFLASH", radix_cache_backend=None))
 
 

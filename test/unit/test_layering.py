@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "sglang_iso"
 PURE = ("audit", "cache", "identity", "tenancy", "server", "coverage.py", "names.py", "constants.py", "envvars.py",
-        "observability.py", "models")  # fmt: skip
+        "settings.py", "observability.py", "models")  # fmt: skip
 """Importable without torch or SGLang: the tree, identities, tenants file, gate, coverage table, settings."""
 HEAVY = ("torch", "triton", "sglang", "sglang_iso_kernels", "sglang_iso.integration", "sglang_iso.platform")
 ENTRY_POINTS = ("cli.py", "launch_server.py", "baseline_server.py", "plugin.py", "__init__.py")

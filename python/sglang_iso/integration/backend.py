@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sglang_iso import coverage, envvars
+from sglang_iso import coverage
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
 from sglang_iso.integration import hook_table
-from sglang_iso.integration.front.gate import tenants_config
-from sglang_iso.integration.owner_check import owner_check_mode
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+from sglang_iso.settings import Settings
+from sglang_iso.settings import current as current_settings
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -20,20 +20,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["TenantRadixCache", "build_tenant_cache"]
-
-
-# "on-free" (default) or "off"; set by the launcher's --kv-scrub, inherited by the scheduler.
-SCRUB_MODES = ("on-free", "off")
-
-
-def scrub_mode() -> str:
-    """Raises:
-    NotCoveredError: an unknown mode (fail closed rather than run unscrubbed by typo).
-    """
-    mode = envvars.KV_SCRUB.get()
-    if mode not in SCRUB_MODES:
-        raise NotCoveredError(f"{envvars.KV_SCRUB.name}={mode!r}: expected one of {SCRUB_MODES}")
-    return mode
 
 
 def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
@@ -52,19 +38,20 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
     from sglang_iso.integration.scrub import uncovered_tensors
 
-    config = tenants_config()
+    settings = current_settings()
+    config = settings.tenants()
     allocator = getattr(ctx.params, "token_to_kv_pool_allocator", None)
     kvcache = allocator.get_kvcache() if allocator is not None else None
     features = coverage.Features.from_server_args(
         ctx.server_args,
-        kv_owner_check=owner_check_mode() == "on" and not bool(getattr(ctx.params, "disable", False)),
+        kv_owner_check=settings.kv_owner_check and not bool(getattr(ctx.params, "disable", False)),
         tenants_file=config is not None,
         hierarchical_cache=bool(ctx.enable_hierarchical_cache),
         hybrid_swa=bool(ctx.is_hybrid_swa),
         hybrid_ssm=bool(ctx.is_hybrid_ssm),
         dsa=bool(ctx.is_dsa),
         kv_pool_class=None if kvcache is None else type(kvcache).__name__,
-        unscrubbed_tensors=frozenset() if kvcache is None or scrub_mode() != "on-free" else uncovered_tensors(kvcache),
+        unscrubbed_tensors=frozenset() if kvcache is None or not settings.kv_scrub else uncovered_tensors(kvcache),
     )
     refused = coverage.refusals(features)
     if refused:
@@ -84,19 +71,19 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         from sglang_iso.integration.fairness import KvShares
 
         cache.kv_shares = KvShares(config.kv_share_of)
-    if scrub_mode() == "on-free" and cache.token_to_kv_pool_allocator is not None:
+    if settings.kv_scrub and cache.token_to_kv_pool_allocator is not None:
         from sglang_iso.integration.scrub import KvScrubber
 
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
     if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
-        _attach_host_tier(cache, ctx, config.secret if config is not None else None)
-    if owner_check_mode() == "on" and not cache.disable:
+        _attach_host_tier(cache, ctx, settings, config.secret if config is not None else None)
+    if settings.kv_owner_check and not cache.disable:
         from sglang_iso.integration import owner_check
 
         cache.owners = owner_check.OwnerTable(cache).install()
         owner_check.ACTIVE = cache.owners
-    _attach_pd_guard(cache, ctx, config.secret if config is not None else None)
+    _attach_pd_guard(cache, ctx, settings, config.secret if config is not None else None)
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 
@@ -106,7 +93,9 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     return cache
 
 
-def _attach_pd_guard(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:
+def _attach_pd_guard(
+    cache: TenantRadixCache, ctx: TreeCacheBuildContext, settings: Settings, secret: bytes | None
+) -> None:
     """On a prefill/decode worker, put the transfer quarantine and tag check on the pool (outermost).
 
     Raises:
@@ -123,12 +112,14 @@ def _attach_pd_guard(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret
     missing = hook_table.missing(required=hook_table.Required.PD)
     if missing:
         raise NotCoveredError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
-    guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, pd_transfer.drain_timeout_s())
+    guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, settings.pd_drain_timeout_s)
     pd_transfer.ACTIVE = guard.install()
     cache.pd_guard = guard
 
 
-def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secret: bytes | None) -> None:
+def _attach_host_tier(
+    cache: TenantRadixCache, ctx: TreeCacheBuildContext, settings: Settings, secret: bytes | None
+) -> None:
     """Give the tree a per-namespace host (L2) tier sized by ``--hicache-ratio`` / ``--hicache-size``, and the
     L3 file store when the launcher set its directory.
 
@@ -151,7 +142,7 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     cache.host = cache.token_to_kv_pool_host = HostCache(cache, capacity)
     cache.tree.set_spill(cache.host.spill)
     logger.info("sglang-iso: host tier attached (%d tokens, %d bytes per token)", capacity, per_token)
-    directory = envvars.L3_DIR.get()
+    directory = settings.l3_dir
     if not directory:
         return
     if not secret:
@@ -161,16 +152,6 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
     )
     fingerprint = model_fingerprint(str(server_args.model_path), layout)
     resolver = cache.resolver
-    raw_max = (envvars.L3_MAX_BYTES.get() or "").strip()
-    try:
-        max_bytes = int(raw_max) if raw_max else None
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError("must be positive")
-    except ValueError:
-        raise NotCoveredError(
-            f"sglang-iso: {envvars.L3_MAX_BYTES.name}={raw_max!r}: expected a positive number of bytes "
-            "(set by the launcher from --iso-l3-max-gb)"
-        ) from None
     try:
         cache.host.l3 = FileL3Store(
             directory,
@@ -178,14 +159,14 @@ def _attach_host_tier(cache: TenantRadixCache, ctx: TreeCacheBuildContext, secre
             fingerprint,
             cache.host.page_bytes,
             l3_owner_of(resolver),
-            max_bytes=max_bytes,
+            max_bytes=settings.l3_max_bytes,
         )
     except OSError as exc:
         raise NotCoveredError(f"sglang-iso: L3 storage directory {directory!r} is not usable: {exc}") from None
     except ValueError as exc:
         raise NotCoveredError(f"sglang-iso: L3 storage: {exc} (raise --iso-l3-max-gb)") from None
-    for owner, settings in cache.policies.items():
-        cache.host.set_l3_quota(owner, settings.l3_quota_tokens)
+    for owner, policy in cache.policies.items():
+        cache.host.set_l3_quota(owner, policy.l3_quota_tokens)
     logger.info(
         "sglang-iso: L3 file store attached (page files keyed by the namespace secret; %d indexed, cap %s pages)",
         len(cache.host.l3.index),

@@ -15,11 +15,10 @@ affects isolation; a tenant moved to another rank only loses its cache.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from sglang_iso import envvars
 from sglang_iso.server.dp import tenant_rank
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ def route_to_tenant_rank(manager: Any, obj: Any, request: Any = None, *args: Any
     """BEFORE ``TokenizerManager.generate_request``: set ``obj.routed_dp_rank`` from the tenant."""
 
     dp_size = int(getattr(getattr(manager, "server_args", None), "dp_size", 1) or 1)
-    if dp_size <= 1 or os.environ.get(envvars.TENANTS_FILE.name) is None or not hasattr(obj, "routed_dp_rank"):
+    if dp_size <= 1 or current_settings().tenants_file is None or not hasattr(obj, "routed_dp_rank"):
         return
     from sglang_iso.server.gate import STATE_TENANT
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from typing import Any
 
-from sglang_iso import envvars
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import commands
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +40,7 @@ def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any,
     Raises:
         NotCoveredError: the tenant tree is selected with a feature :mod:`sglang_iso.coverage` refuses.
     """
-    if (
-        os.environ.get(envvars.REQUIRE_TENANT_CACHE.name) != "1"
-        and getattr(server_args, "radix_cache_backend", None) != "tenant"
-    ):
+    if not current_settings().require_tenant_cache and getattr(server_args, "radix_cache_backend", None) != "tenant":
         return
     from sglang_iso import coverage
 
@@ -57,7 +53,7 @@ def refuse_uncovered_speculative(_scheduler: Any, server_args: Any, *_args: Any,
 def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: refuse to serve with a tree cache that is not ours.
 
-    Enforced only when sglang-iso's launcher started the server (``envvars.REQUIRE_TENANT_CACHE.name``),
+    Enforced only when sglang-iso's launcher started the server (``Settings.require_tenant_cache``),
     so a plain upstream server started from the same environment (the baseline of
     our benchmarks) keeps working.
 
@@ -70,7 +66,7 @@ def verify_scheduler_tree_cache(_result: None, scheduler: Any, *_args: Any, **_k
         from sglang_iso.integration.spec_draft import attach_draft_pools
 
         attach_draft_pools(scheduler)  # a draft model's KV pool: scrubbed and zero-paged like the target's
-    if os.environ.get(envvars.REQUIRE_TENANT_CACHE.name) != "1":
+    if not current_settings().require_tenant_cache:
         logger.info("sglang-iso: tree cache %s (not enforced in this process)", status["impl"])
         return
     if not status["is_tenant"]:

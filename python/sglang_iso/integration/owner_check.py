@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from sglang_iso import envvars
 from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
@@ -380,10 +379,3 @@ def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
         cpu = forward_batch.extend_prefix_lens_cpu or [0] * seq_lens.numel()
         return torch.tensor(cpu, dtype=torch.int32).to(seq_lens.device, non_blocking=True)
     return (seq_lens - 1).clamp_(min=0)
-
-
-def owner_check_mode() -> str:
-    mode = envvars.KV_OWNER_CHECK.get()
-    if mode not in ("on", "off"):
-        raise ValueError(f"{envvars.KV_OWNER_CHECK.name}={mode!r}: expected 'on' or 'off'")
-    return mode

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from sglang_iso import envvars, observability
+from sglang_iso import observability
 from sglang_iso.cache.quarantine import PageQuarantine
 from sglang_iso.identity.transfer_tag import TAG_WORDS, tag_matches, transfer_tag
 from sglang_iso.integration import allocator_tap
@@ -42,7 +42,6 @@ from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DRAIN_TIMEOUT_S = float(envvars.PD_DRAIN_TIMEOUT_S.default or 60)
 TAG_COLUMNS = slice(1, 1 + TAG_WORDS)  # NOTE: SGLang uses only column 0 of the 8-wide (64 B) room row
 
 ACTIVE: PdGuard | None = None  # this scheduler process's guard (set by the tenant cache factory)
@@ -64,20 +63,6 @@ class FaultSeam:
 
 
 FAULTS = FaultSeam()
-
-
-def drain_timeout_s() -> float:
-    """Raises:
-    ValueError: the environment variable is not a positive number (named).
-    """
-    raw = envvars.PD_DRAIN_TIMEOUT_S.get() or str(DEFAULT_DRAIN_TIMEOUT_S)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{envvars.PD_DRAIN_TIMEOUT_S.name}={raw!r}: expected a positive number of seconds")
-    return value
 
 
 class PdGuard:

@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from sglang_iso import envvars
+from sglang_iso.settings import current as current_settings
 
 
 def add_sglang_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,7 @@ def _require_frontend_hooks() -> None:
     """
     from sglang_iso.integration import hook_table
 
-    if not os.environ.get(envvars.TENANTS_FILE.name):
+    if current_settings().tenants_file is None:
         return
     missing = hook_table.missing(required=hook_table.Required.TENANTS_FILE)
     if missing:

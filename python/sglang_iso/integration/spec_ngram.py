@@ -34,22 +34,14 @@ import numpy as np
 from sglang_iso import envvars
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import tenant_of
+from sglang_iso.settings import Settings
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
 _INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
-
-
-def corpus_mode() -> str:
-    """Raises:
-    NotCoveredError: an unknown mode (fail closed rather than share by typo).
-    """
-    mode = envvars.NGRAM_CORPUS.get()
-    if mode not in ("namespace", "shared"):
-        raise NotCoveredError(f"{envvars.NGRAM_CORPUS.name}={mode!r}: expected 'namespace' or 'shared'")
-    return mode
 
 
 def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -60,7 +52,8 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
     """
     from sglang.srt.runtime_context import get_spec
 
-    if corpus_mode() == "shared":
+    settings = current_settings()
+    if settings.ngram_corpus_shared:
         logger.warning(
             "sglang-iso: %s=shared: one NGRAM corpus for all tenants; accept rates and tokens per second "
             "reveal other tenants' text",
@@ -80,9 +73,9 @@ def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) ->
         "max_trie_depth": spec.speculative_ngram_max_trie_depth,
         "draft_token_num": spec.speculative_num_draft_tokens,
     }
-    capacity = min(int(spec.speculative_ngram_capacity), int(envvars.NGRAM_NS_CAPACITY.get() or 0))
-    max_ns = int(envvars.NGRAM_MAX_NAMESPACES.get() or 0)
-    resolver, no_retention = _resolver()
+    capacity = min(int(spec.speculative_ngram_capacity), settings.ngram_ns_capacity)
+    max_ns = settings.ngram_max_namespaces
+    resolver, no_retention = _resolver(settings)
     worker.ngram_corpus = NamespacedNgramCorpus(
         resolver, kwargs, capacity=capacity, max_namespaces=max_ns, no_retention=no_retention
     )
@@ -119,12 +112,11 @@ def flush_tenant(tenant: str) -> int:
     return sum(corpus.drop_tenant(tenant) for corpus in list(_INSTANCES))
 
 
-def _resolver() -> tuple[Any, frozenset[str]]:
+def _resolver(settings: Settings) -> tuple[Any, frozenset[str]]:
     """The namespace resolver and the owners (tenant or group ids) whose cache policy is ``off``."""
     from sglang_iso.identity.tags import NamespaceResolver
-    from sglang_iso.integration.front.gate import tenants_config
 
-    config = tenants_config()
+    config = settings.tenants()
     if config is None:
         return NamespaceResolver(None), frozenset()
     off = frozenset(t.group or t.id for t in config.tenants.values() if t.cache_policy == "off")

@@ -16,7 +16,7 @@ def apply() -> None:
 
 
 def cuda_available() -> bool:
-    if envvars.FORCE_CPU.get() == "1":
+    if envvars.FORCE_CPU.get() == "1":  # NOTE: read before the launcher sets its variables
         return False
     try:
         import torch

@@ -55,7 +55,7 @@ class MissingKernelError(RuntimeError):
 
 def should_apply() -> bool:
     """True when this process runs SGLang without CUDA."""
-    if envvars.FORCE_CPU.get() == "1":
+    if envvars.FORCE_CPU.get() == "1":  # NOTE: read at interpreter start, before any settings
         return True
     try:
         import torch

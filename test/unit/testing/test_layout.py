@@ -45,13 +45,17 @@ def test_the_harness_modules_exist_where_the_tests_expect_them() -> None:
 
 def test_test_plugins_need_the_testing_switch() -> None:
     from sglang_iso.plugin import test_plugin_refusal
+    from sglang_iso.settings import Settings
     from sglang_iso_testing.plant import plant_env
 
-    assert test_plugin_refusal({}) is None
-    assert test_plugin_refusal(plant_env()) is None
-    refusal = test_plugin_refusal({envvars.TEST_PLUGINS.name: "sglang_iso_testing.plant"})
+    def refusal_in(env: dict[str, str]) -> str | None:
+        return test_plugin_refusal(Settings.from_env(env))
+
+    assert refusal_in({}) is None
+    assert refusal_in(plant_env()) is None
+    refusal = refusal_in({envvars.TEST_PLUGINS.name: "sglang_iso_testing.plant"})
     assert refusal is not None and envvars.TEST_PLUGINS.name in refusal and "sglang_iso_testing.plant" in refusal
-    assert test_plugin_refusal({envvars.TEST_PLUGINS.name: "x", envvars.TESTING.name: "0"}) is not None
+    assert refusal_in({envvars.TEST_PLUGINS.name: "x", envvars.TESTING.name: "0"}) is not None
 
 
 def test_launcher_refuses_a_test_plugin_without_the_switch() -> None:

@@ -1,8 +1,7 @@
 """The front end (HTTP / tokenizer-manager process) with a tenants file, one module per concern.
 
 - :mod:`.state`: the process's tenant state (config, namespace tagger, weights generation, internal key).
-- :mod:`.gate`: installs the tenant gate, the /iso/* routes and the SIGHUP reload before SGLang serves; the
-  tenants file in force (``tenants_config``).
+- :mod:`.gate`: installs the tenant gate, the /iso/* routes and the SIGHUP reload before SGLang serves.
 - :mod:`.gc_freeze`: SGLang's post-start garbage-collector freeze, through the gate.
 - :mod:`.reload`: SIGHUP reloads the tenants file.
 - :mod:`.routes`: the admin routes ``/iso/*`` (their scheduler side: :mod:`sglang_iso.integration.commands`).

@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from sglang_iso import envvars
 from sglang_iso.integration import lora
 from sglang_iso.integration.front import reload, retention, routes, state
 from sglang_iso.server.admission import Admission, default_limit
@@ -15,16 +14,10 @@ from sglang_iso.server.gate import ReloadableKeys, TenantGate
 from sglang_iso.server.pd_rules import pd_role
 from sglang_iso.server.rate_limits import RateLimiter, RateLimits
 from sglang_iso.server.request_rules import Limits
-from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
+from sglang_iso.settings import current as current_settings
 from sglang_iso.tenancy.keys import KeyIndex
 
 logger = logging.getLogger(__name__)
-
-
-def tenants_config() -> TenantsConfig | None:
-    """The tenants file the launcher passed (``SGLANG_ISO_TENANTS_FILE``), loaded; None without one."""
-    path = envvars.TENANTS_FILE.get()
-    return load_tenants_file(path) if path else None
 
 
 def install_gate(*args: Any, **kwargs: Any) -> None:
@@ -33,7 +26,8 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     Raises:
         RuntimeError: the gate could not be installed while a tenants file is set.
     """
-    config = tenants_config()
+    settings = current_settings()
+    config = settings.tenants()
     if config is None:
         return
     from sglang.srt.entrypoints import http_server
@@ -58,7 +52,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         count_tokens=_token_counter(tokenizer_manager),
         internal_key=front.internal_key,
         on_start=lambda: retention.start_sweeper(tokenizer_manager, front),
-        metrics_need_admin=envvars.METRICS_AUTH.get() != "open",
+        metrics_need_admin=settings.metrics_need_admin,
         pd=pd_role(getattr(server_args, "disaggregation_mode", None),
                    getattr(server_args, "disaggregation_transfer_backend", None)),
     )  # fmt: skip

@@ -6,10 +6,10 @@ import logging
 import signal
 from typing import Any
 
-from sglang_iso import envvars, observability
+from sglang_iso import observability
 from sglang_iso.integration.front.state import FrontState
 from sglang_iso.server.gate import ReloadableKeys
-from sglang_iso.tenancy.config import load_tenants_file
+from sglang_iso.settings import current as current_settings
 from sglang_iso.tenancy.keys import KeyIndex
 
 logger = logging.getLogger(__name__)
@@ -26,9 +26,8 @@ def install_reload(keys: ReloadableKeys, front: FrontState) -> None:
     """
 
     def reload(_signum: int, _frame: Any) -> None:
-        path = envvars.TENANTS_FILE.get()
         try:
-            new = load_tenants_file(path) if path else None
+            new = current_settings().tenants()
         except ValueError as exc:
             logger.error("sglang-iso: tenants file reload rejected, keeping the running config: %s", exc)
             observability.audit("config_reload", ok=False, error=str(exc))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_iso import envvars
 from sglang_iso.integration import lora
 from sglang_iso.integration.front import metrics, retention, state
 from sglang_iso.server.gate import STATE_TENANT
+from sglang_iso.settings import current as current_settings
 
 
 def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -44,7 +44,7 @@ def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
         lora.AdapterForbidden: the request names an adapter its tenant may not use.
         lora.AdapterNotLoaded: the request names an adapter that is not loaded.
     """
-    if envvars.TENANTS_FILE.get() is None:
+    if current_settings().tenants_file is None:
         return None
     tenant_state = getattr(getattr(request, "state", None), STATE_TENANT, None) if request is not None else None
     tenant = tenant_state if isinstance(tenant_state, str) else None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_iso import envvars, observability
+from sglang_iso import observability
 from sglang_iso.integration.front import state
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def after_weight_update(original: Any, manager: Any, *args: Any, **kwargs: Any) 
             return await original(manager, *args, **kwargs)
         finally:
             front = state.current()
-            if envvars.TENANTS_FILE.get() is not None and front is not None:
+            if front is not None and current_settings().tenants_file is not None:
                 front.bump_weights()
                 await _flush_all(manager)
                 observability.audit("weights_updated", generation=front.weights_generation)
