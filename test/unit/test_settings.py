@@ -89,7 +89,7 @@ def test_settings_are_frozen_and_read_once(monkeypatch: pytest.MonkeyPatch) -> N
 def test_only_the_settings_module_reads_the_runtime_variables() -> None:
     # The launcher may set them (it builds the environment its processes inherit); nothing else reads them.
     names = "|".join(_attr(v) for v in SETTINGS_VARS)
-    reads = re.compile(rf"envvars\.({names})\.get\(|(environ|env)(\.get\(|\[)\s*envvars\.({names})\.name\s*[,)\]]")
+    reads = re.compile(rf"envvars\.({names})\.get\(|(environ|env)\.get\(\s*envvars\.({names})\.name\b")
     readers = sorted(
         str(p.relative_to(ROOT))
         for p in RUNTIME.rglob("*.py")
