@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from sglang_iso import envvars
-from sglang_iso.integration import pd_transfer
+from sglang_iso.integration import pd_transfer, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def arm(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
-    ok = len(ours) == len(requested) and pd_transfer.ACTIVE is not None
+    ok = len(ours) == len(requested) and runtime.pd_guard() is not None
     ok = ok and all(handle(k[len(COMMAND) :]) for k in ours)
     return SetInternalStateReqOutput(updated=ok)
 
@@ -121,14 +121,14 @@ def probe_override(key: str) -> Any:
     pages = _stalled.get(key)
     if pages is None:
         return None
-    guard = pd_transfer.ACTIVE
+    guard = runtime.pd_guard()
     if guard is not None:
         _poison(guard, pages)
     return lambda: None
 
 
 def poison_intact() -> bool:
-    guard = pd_transfer.ACTIVE
+    guard = runtime.pd_guard()
     if guard is None or not _stalled:
         return False
     for key, pages in _stalled.items():

@@ -141,9 +141,9 @@ def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
 
 
 def _table() -> Any:
-    from sglang_iso.integration import owner_check
+    from sglang_iso.integration import runtime
 
-    return owner_check.ACTIVE
+    return runtime.owner_table()
 
 
 def _plant(table: Any, row: int, owner: int, req_to_token: Any, kind: str | None) -> bool:

@@ -220,6 +220,8 @@ class Soak:
         for tenant in sample:
             for tokens in self.recent[tenant]:
                 self._match_and_verify(tenant, tokens)
+        if self.cache.scrubber is None:
+            raise RuntimeError("the soak runs with the scrubber: its oracle reads freed slots as zero")
         self.cache.scrubber.flush()
         free = self._free_slots()
         if free.numel():

@@ -24,7 +24,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang_iso import envvars, settings
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
-from sglang_iso.integration import hook_table, owner_check, spec_draft
+from sglang_iso.integration import hook_table, runtime, spec_draft
 from sglang_iso.integration.owner_check import OwnerTable
 from sglang_iso.integration.scrub import KvScrubber
 from sglang_iso.integration.tenant_cache import TenantRadixCache
@@ -171,7 +171,7 @@ def test_decode_step_window_is_sanitized_before_the_draft_plans(
     cache, allocator, _, scheduler = make(owners=True)
     spec_draft.attach_draft_pools(scheduler)
     table = cache.owners
-    monkeypatch.setattr(owner_check, "ACTIVE", table)
+    monkeypatch.setattr(runtime, "_active", runtime.SchedulerRuntime(settings.current(), cache, table, None))
     a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
     for slot, ns in ((a, "ns-a"), (b, "ns-b")):
         table._fill_allowed(slot, ns)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sglang_iso import coverage
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.identity.tags import NamespaceResolver
-from sglang_iso.integration import hook_table
+from sglang_iso.integration import hook_table, runtime
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 from sglang_iso.settings import Settings
 from sglang_iso.settings import current as current_settings
@@ -82,13 +82,13 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         from sglang_iso.integration import owner_check
 
         cache.owners = owner_check.OwnerTable(cache).install()
-        owner_check.ACTIVE = cache.owners
     _attach_pd_guard(cache, ctx, settings, config.secret if config is not None else None)
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 
         tokenizer = _server_tokenizer(ctx.server_args)
         declare_shared_prefixes(cache.tree, config, tokenizer, cache.page_size, cache.tree_key)
+    runtime.install(runtime.SchedulerRuntime(settings, cache, owners=cache.owners, pd_guard=cache.pd_guard))
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
 
@@ -113,8 +113,7 @@ def _attach_pd_guard(
     if missing:
         raise NotCoveredError(f"sglang-iso: PD transfer hooks were not applied: {missing}")
     guard = pd_transfer.PdGuard(cache.token_to_kv_pool_allocator, secret, mode, settings.pd_drain_timeout_s)
-    pd_transfer.ACTIVE = guard.install()
-    cache.pd_guard = guard
+    cache.pd_guard = guard.install()
 
 
 def _attach_host_tier(

@@ -97,10 +97,11 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
         ngram = spec_ngram.status()
         if ngram is not None:
             report["ngram"] = ngram
-        from sglang_iso.integration import pd_transfer
+        from sglang_iso.integration import runtime
 
-        if pd_transfer.ACTIVE is not None:
-            report["pd"] = pd_transfer.ACTIVE.status()
+        guard = runtime.pd_guard()
+        if guard is not None:
+            report["pd"] = guard.status()
         state["sglang_iso"] = report
 
 
@@ -129,9 +130,9 @@ def _dp_rank() -> int:
 
 
 def _pd_command(command: commands.Command) -> bool:
-    from sglang_iso.integration import pd_transfer
+    from sglang_iso.integration import runtime
 
-    guard = pd_transfer.ACTIVE
+    guard = runtime.pd_guard()
     if guard is None:
         return False
     if command == commands.PD_RECLAIM:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from sglang_iso.identity.tags import Namespace
-from sglang_iso.integration import allocator_tap
+from sglang_iso.integration import allocator_tap, runtime
 from sglang_iso.integration.allocator_tap import Order
 
 if TYPE_CHECKING:
@@ -56,25 +56,25 @@ UNTAGGED = 0  # requests without a verified namespace: they never share, so one 
 _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
 
-ACTIVE: OwnerTable | None = None  # this scheduler process's table (set by the factory)
-
 
 def check_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``ModelRunner.forward``: sanitize the batch's rows once per forward, for every backend."""
     # NOTE: only batches over this cache's rows (a STANDALONE draft runner shares them and is checked too);
     # a draft runner with a compact table of its own is refused at start (spec_draft.attach_draft_pools).
+    table = runtime.owner_table()
     if (
-        ACTIVE is not None
+        table is not None
         and getattr(forward_batch, "req_pool_indices", None) is not None
-        and getattr(model_runner, "req_to_token_pool", None) is ACTIVE.cache.req_to_token_pool
+        and getattr(model_runner, "req_to_token_pool", None) is table.cache.req_to_token_pool
     ):
-        ACTIVE.check_batch(forward_batch)
+        table.check_batch(forward_batch)
 
 
 def abort_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``Scheduler.process_batch_result``: requests that hit a violation finish as aborted."""
-    if ACTIVE is not None and batch is not None:
-        ACTIVE.abort_violators(batch)
+    table = runtime.owner_table()
+    if table is not None and batch is not None:
+        table.abort_violators(batch)
 
 
 class _Pending(NamedTuple):

@@ -37,14 +37,12 @@ import torch
 from sglang_iso import observability
 from sglang_iso.cache.quarantine import PageQuarantine
 from sglang_iso.identity.transfer_tag import TAG_WORDS, tag_matches, transfer_tag
-from sglang_iso.integration import allocator_tap
+from sglang_iso.integration import allocator_tap, runtime
 from sglang_iso.integration.allocator_tap import Order
 
 logger = logging.getLogger(__name__)
 
 TAG_COLUMNS = slice(1, 1 + TAG_WORDS)  # NOTE: SGLang uses only column 0 of the 8-wide (64 B) room row
-
-ACTIVE: PdGuard | None = None  # this scheduler process's guard (set by the tenant cache factory)
 
 
 class FaultSeam:
@@ -219,7 +217,7 @@ def _namespace(req: Any) -> str | None:
 
 # ---------------------------------------------------------------------- prefill hooks
 def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None or req.bootstrap_room is None or req.kv.req_pool_idx is None:
         return
     sent = int(getattr(req, "start_send_idx", 0) or 0)
@@ -230,7 +228,7 @@ def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **k
 
 
 def after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None:
         return
     for req in done or ():
@@ -240,13 +238,15 @@ def after_prefill_inflight(done: Any, *_args: Any, **_kwargs: Any) -> None:
 
 
 def before_prefill_failure(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    if ACTIVE is not None:
-        ACTIVE.failed(transfer_key(req), _prefill_probe(req))
+    guard = runtime.pd_guard()
+    if guard is not None:
+        guard.failed(transfer_key(req), _prefill_probe(req))
 
 
 def before_prefill_abort(_scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    if ACTIVE is not None:
-        ACTIVE.failed(transfer_key(req), _prefill_probe(req))
+    guard = runtime.pd_guard()
+    if guard is not None:
+        guard.failed(transfer_key(req), _prefill_probe(req))
 
 
 def _prefill_probe(req: Any) -> Any:
@@ -275,7 +275,7 @@ def prefill_room_idle(mgr: Any, room: int) -> bool:
 
 
 def after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None or guard.mode != "prefill" or req.bootstrap_room is None:
         return
     namespace = FAULTS.prefill_namespace(_namespace(req))
@@ -284,7 +284,7 @@ def after_set_buf(_result: Any, buffers: Any, req: Any, *args: Any, **kwargs: An
 
 # ---------------------------------------------------------------------- decode hooks
 def after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices: Any, *args: Any, **kw: Any) -> None:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None or str(kw.get("destination", "")).lower().endswith("host"):
         return
     key = transfer_key(decode_req.req)
@@ -293,7 +293,7 @@ def after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices
 
 
 def around_commit(original: Any, queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> Any:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None:
         return original(queue, decode_req, *args, **kwargs)
     req = decode_req.req
@@ -338,7 +338,7 @@ def _refuse_transfer(guard: PdGuard, decode_req: Any) -> None:
 
 
 def before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     if guard is None:
         return
     key = transfer_key(decode_req.req)
@@ -350,7 +350,7 @@ def before_decode_failure(_queue: Any, decode_req: Any, *args: Any, **kwargs: An
 
 def before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) -> None:
     """Read the prefill's drain ack before SGLang forgets it (``_do_release`` clears the tracker)."""
-    guard = ACTIVE
+    guard = runtime.pd_guard()
     receiver = decode_req.kv_receiver
     if guard is None or receiver is None:
         return
@@ -365,5 +365,6 @@ def before_do_release(queue: Any, decode_req: Any, *args: Any, **kwargs: Any) ->
 
 
 def after_pop_transferred(_result: Any, *_args: Any, **_kwargs: Any) -> None:
-    if ACTIVE is not None:
-        ACTIVE.tick()
+    guard = runtime.pd_guard()
+    if guard is not None:
+        guard.tick()

@@ -44,9 +44,9 @@ logger = logging.getLogger(__name__)
 def check_before_spec_step(worker: Any, batch: Any, *_args: Any, **_kwargs: Any) -> None:
     """BEFORE ``EAGLEWorkerV2.forward_batch_generation``: sanitize each decode row's window before any draft
     pass builds attention indices from it."""
-    from sglang_iso.integration import owner_check
+    from sglang_iso.integration import runtime
 
-    table = owner_check.ACTIVE
+    table = runtime.owner_table()
     if table is None or batch is None:
         return
     mode = batch.forward_mode

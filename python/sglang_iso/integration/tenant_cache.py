@@ -53,6 +53,11 @@ if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+    from sglang_iso.integration.host_cache import HostCache
+    from sglang_iso.integration.owner_check import OwnerTable
+    from sglang_iso.integration.pd_transfer import PdGuard
+    from sglang_iso.integration.scrub import KvScrubber
+
 logger = logging.getLogger(__name__)
 
 
@@ -107,11 +112,11 @@ class TenantRadixCache(BasePrefixCache):
         self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
         self._configured: dict[str, Namespace] = {}  # namespace key -> the namespace, once configured
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
-        self.scrubber: Any = None  # KvScrubber when --kv-scrub on-free (set by the factory)
+        self.scrubber: KvScrubber | None = None  # with --kv-scrub on-free (set by the factory)
         self.erase_receipts: dict[str, dict[str, int]] = {}  # receipt id -> what an erase dropped (newest last)
-        self.owners: Any = None  # OwnerTable when --kv-owner-check on (set by the factory)
-        self.pd_guard: Any = None  # PdGuard on a prefill/decode worker (set by the factory)
-        self.host: Any = None  # HostCache when --enable-hierarchical-cache (set by the factory)
+        self.owners: OwnerTable | None = None  # with --kv-owner-check on (set by the factory)
+        self.pd_guard: PdGuard | None = None  # on a prefill/decode worker (set by the factory)
+        self.host: HostCache | None = None  # with --enable-hierarchical-cache (set by the factory)
         self.kv_shares: KvShares | None = None  # per-owner KV shares with a tenants file (set by the factory)
         self.token_to_kv_pool_host: Any = None  # the same object: SGLang's metrics read its sizes
         # NOTE: read by SGLang's idle check when --enable-hierarchical-cache is on; the host tier copies
