@@ -145,31 +145,31 @@ def test_concurrent_flushes_from_two_ranks_are_both_kept(tmp_path: Path) -> None
     assert after.read("ns-a", b"d") is None and after.read("ns-b", b"d") is None
 
 
-def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_factory_attaches_the_store_or_refuses_clearly(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from sglang_iso.coverage import NotCoveredError
     from sglang_iso.integration.backend import _attach_host_tier
     from sglang_iso.server.hicache_args import L3_DIR_ENV
+    from sglang_iso.settings import Settings
+
+    def l3_at(path: Path | None) -> Settings:
+        return Settings.from_env({} if path is None else {L3_DIR_ENV: str(path)})
 
     ctx = SimpleNamespace(
         server_args=SimpleNamespace(hicache_ratio=2.0, hicache_size=0, model_path=str(tmp_path)), tp_rank=0, tp_size=1
     )
     cache, _, _ = make(4)
-    monkeypatch.delenv(L3_DIR_ENV, raising=False)
-    _attach_host_tier(cache, ctx, SECRET)  # type: ignore[arg-type]
+    _attach_host_tier(cache, ctx, l3_at(None), SECRET)  # type: ignore[arg-type]
     assert cache.host is not None and cache.host.l3 is None and cache.host.logical_size == 2 * 64
-    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
     with pytest.raises(NotCoveredError, match="needs --tenants-file"):
-        _attach_host_tier(make(4)[0], ctx, None)  # type: ignore[arg-type]
+        _attach_host_tier(make(4)[0], ctx, l3_at(tmp_path / "l3"), None)  # type: ignore[arg-type]
     (tmp_path / "blocked").write_text("a file, not a directory")
-    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "blocked" / "l3"))
     with pytest.raises(NotCoveredError, match="not usable"):
-        _attach_host_tier(make(4)[0], ctx, SECRET)  # type: ignore[arg-type]
-    monkeypatch.setenv(L3_DIR_ENV, str(tmp_path / "l3"))
+        _attach_host_tier(make(4)[0], ctx, l3_at(tmp_path / "blocked" / "l3"), SECRET)  # type: ignore[arg-type]
     ok, _, _ = make(4)
-    _attach_host_tier(ok, ctx, SECRET)  # type: ignore[arg-type]
-    assert ok.host.l3 is not None and (tmp_path / "l3").is_dir()
+    _attach_host_tier(ok, ctx, l3_at(tmp_path / "l3"), SECRET)  # type: ignore[arg-type]
+    assert ok.host is not None and ok.host.l3 is not None and (tmp_path / "l3").is_dir()
 
 
 def _owner(ns: str) -> str:
