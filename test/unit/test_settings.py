@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,14 @@ def test_only_the_settings_module_reads_the_runtime_variables() -> None:
 
 def _attr(var: envvars.EnvVar) -> str:
     return next(k for k, v in vars(envvars).items() if v is var)
+
+
+def test_launcher_refuses_a_bad_value_before_starting_anything() -> None:
+    argv = [sys.executable, "-m", "sglang_iso.cli", "serve", "--model-path", "m", "--iso-dry-run"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_ISO_")}
+    bad = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={**env, envvars.PD_DRAIN_TIMEOUT_S.name: "soon"}
+    )
+    assert bad.returncode == 2 and f"{envvars.PD_DRAIN_TIMEOUT_S.name}='soon'" in bad.stderr, bad.stderr
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0, ok.stderr  # positive control: the same launch without the bad value is planned
