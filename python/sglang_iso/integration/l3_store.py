@@ -43,6 +43,15 @@ TP rank or format) are never read, counted or deleted: the operator removes them
 With several DP ranks over one directory each rank enforces the caps over the files
 it indexed (those present at its start and its own writes).
 
+Storage faults fail closed and never stop the scheduler. A page file is written to a temporary name and
+renamed, so a process killed mid-write leaves no half file under a page name, only a ``.tmp-`` file, removed
+at the next start once older than a minute (another rank's may be in progress); a page torn by a power loss
+fails authentication (a miss). A failed write (disk full, read-only, I/O error) stores nothing and is counted
+(``l3_write_failures``). The epochs file is synced before its rename. A flush whose new epoch cannot be
+persisted still takes effect in this process (the epoch advances in memory, the scope's files are deleted) and is
+counted (``l3_epoch_write_failures``): after a restart, pages written under the unpersisted epoch are stale
+and deleted.
+
 Not covered: other backends (Mooncake, 3FS, NIXL).
 """
 
@@ -57,6 +66,7 @@ import logging
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,6 +87,8 @@ _AEAD_TAG_BYTES = 16
 _LABEL_CHARS = 32
 _EPOCHS = struct.Struct(">QQQ")
 _HEADER_TAG_BYTES = 16
+_TMP_PREFIX = ".tmp-"
+_PARTIAL_AGE_S = 60.0  # NOTE: a temporary file older than this is a killed writer's, not another rank's in progress
 HEADER_BYTES = 2 * _LABEL_CHARS + _EPOCHS.size + _HEADER_TAG_BYTES
 """Bytes before a file's KV: owner label, namespace label, epochs, header tag."""
 
@@ -129,6 +141,9 @@ class FileL3Store:
         self.bad_files = 0
         self.stale_removed = 0
         self.foreign_files = 0
+        self.write_failures = 0
+        self.epoch_write_failures = 0
+        self.partial_removed = 0
         self._scan()
         self._delete(self.index.over_cap(), pruned=True)
 
@@ -159,8 +174,9 @@ class FileL3Store:
         self._delete(victims, pruned=True)
         try:
             self._salted(self._label("*"), owner)
-        except OSError:
-            logger.exception("sglang-iso: L3 epochs file write failed")
+        except OSError as exc:
+            self.write_failures += 1
+            logger.error("sglang-iso: L3 epochs file write failed, page not stored: %s", exc)
             return False
         epochs = self._current_epochs(owner, ns_label)
         body = owner.encode() + ns_label.encode() + _EPOCHS.pack(*epochs)
@@ -169,8 +185,9 @@ class FileL3Store:
         sealed = self._cipher(owner, epochs).encrypt(nonce, payload, name.encode() + header)
         try:
             self._atomic_write(path, header + nonce + sealed)
-        except OSError:
-            logger.exception("sglang-iso: L3 page write failed")
+        except OSError as exc:
+            self.write_failures += 1
+            logger.error("sglang-iso: L3 page write failed, page not stored: %s", exc)
             return False
         self.index.add(name, owner, ns_label)
         self.written_pages += 1
@@ -219,7 +236,15 @@ class FileL3Store:
             # SECURITY: the old epoch's salt is overwritten: its files cannot be decrypted any more.
             merged[label] = (merged.get(label, (0, ""))[0] + 1, _salt())
 
-        self._update_epochs(bump)
+        try:
+            self._update_epochs(bump)
+        except OSError as exc:
+            # NOTE: the flush still holds in this process: the epoch advances in memory (names and keys change),
+            # the scope's files are deleted below; a page written under this epoch is stale after a restart.
+            self.epoch_write_failures += 1
+            logger.error("sglang-iso: L3 flush of %s not persisted (epochs file write failed): %s", scope[:6], exc)
+            bump(self._epochs)
+            self._ciphers.clear()
         if scope == "*":
             names = self.index.drop_all()
         elif scope.startswith("owner:"):
@@ -258,6 +283,9 @@ class FileL3Store:
             "l3_pruned_pages": sum(self.index.pruned_pages.values()),
             "l3_stale_removed": self.stale_removed,
             "l3_foreign_files": self.foreign_files,
+            "l3_write_failures": self.write_failures,
+            "l3_epoch_write_failures": self.epoch_write_failures,
+            "l3_partial_removed": self.partial_removed,
         }
 
     # ------------------------------------------------------------------------------------------ private
@@ -276,7 +304,7 @@ class FileL3Store:
                 }
                 change(merged)
                 text = json.dumps({k: list(v) for k, v in merged.items()}, sort_keys=True)
-                self._atomic_write(self._epochs_path, text.encode())
+                self._atomic_write(self._epochs_path, text.encode(), durable=True)
                 self._epochs = merged
                 self._ciphers.clear()  # NOTE: keys of the old epochs are never needed again
             finally:
@@ -319,7 +347,14 @@ class FileL3Store:
         )
 
     def _scan(self) -> None:
-        """Index the files this store can authenticate, oldest mtime first; delete those of an older epoch."""
+        """Index the files this store can authenticate, oldest mtime first; delete those of an older epoch and
+        temporary files a killed writer left."""
+        cutoff = time.time() - _PARTIAL_AGE_S
+        for path in self.directory.glob(_TMP_PREFIX + "*"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    self.partial_removed += 1
         found: list[tuple[int, str, str, str]] = []
         for path in self.directory.glob("*.kv"):
             try:
@@ -364,15 +399,30 @@ class FileL3Store:
             raise RuntimeError(f"sglang-iso: malformed L3 epochs file {self._epochs_path}")
         return {str(k): (int(v[0]), str(v[1])) for k, v in raw.items()}
 
-    def _atomic_write(self, path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+    def _atomic_write(self, path: Path, data: bytes, *, durable: bool = False) -> None:
+        """Write ``data`` under a temporary name, then rename it to ``path``; ``durable`` syncs the file before
+        the rename and the directory after it (the epochs file: a lost bump would make flushed pages readable).
+
+        Raises:
+            OSError: the write or the rename failed; nothing is left under ``path``'s name or a temporary one.
+        """
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=_TMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        if durable:
+            directory = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
 
 
 def _salt() -> str:
