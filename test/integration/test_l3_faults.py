@@ -84,7 +84,9 @@ def test_a_writer_killed_mid_write_leaves_only_whole_pages(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EIO])
-def test_a_failed_write_stores_nothing_and_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+def test_a_failed_write_stores_nothing_and_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
     st = store(tmp_path)
     assert st.write("acme:1", b"kept", page(1))
     real = l3_store.tempfile.mkstemp
@@ -104,7 +106,9 @@ def test_a_failed_write_stores_nothing_and_is_counted(tmp_path: Path, monkeypatc
     assert st.write("acme:1", b"lost", page(2)) and st.read("acme:1", b"lost") == page(2)  # space again: stored
 
 
-def test_a_failed_write_after_the_temporary_file_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_after_the_temporary_file_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     st = store(tmp_path)
 
     def full(src: str, dst: str) -> None:
