@@ -226,6 +226,43 @@ def test_a_flooding_tenant_gets_429_and_the_other_is_served(server: ServerProces
     assert_alive_and_isolated(server, keys)
 
 
+def test_slow_and_idle_connections_starve_no_one(server: ServerProcess, keys: dict[str, str]) -> None:
+    """Slowloris and its relatives from one tenant: hundreds of connections that never finish their headers,
+    authenticated requests whose bodies trickle, idle connections. While they are open both tenants are served
+    (with a same-tenant hit), and the attacker's own complete requests too; a trickled body, once finished, is
+    answered (the slow path works, it is only slow). The body timeout and the per-tenant cap on bodies arriving at
+    once are pinned by the gate's unit test."""
+    body = json.dumps(gen_body(f"{uuid.uuid4().hex} trickled body", 4)).encode()
+    head = (
+        f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {keys['beta']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    opened: list[socket.socket] = []
+    trickled: list[socket.socket] = []
+    try:
+        for _ in range(300):  # headers never finished
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")
+            opened.append(sock)
+        for _ in range(4 * BETA_LIMIT):  # bodies trickled: one byte of many, more connections than beta's limit
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=120)
+            sock.sendall(head + body[:1])
+            trickled.append(sock)
+        opened += [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(100)]  # idle
+        sock = trickled.pop()  # NOTE: finished well within the gate's body timeout
+        sock.sendall(body[1:])
+        reply = sock.recv(65536).split(b"\r\n", 1)[0]
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        sock.close()
+        assert_alive_and_isolated(server, keys)
+        status, out, _ = call(server, "POST", "/generate", gen_body(f"{uuid.uuid4().hex} beta's own", 4), keys["beta"])
+        assert status == 200, out  # slow connections hold none of beta's admission slots
+    finally:
+        for sock in opened + trickled:
+            sock.close()
+    assert_alive_and_isolated(server, keys)
+
+
 def test_encoded_bodies_and_websockets_are_refused(server: ServerProcess, keys: dict[str, str]) -> None:
     compressed = {"x-body-compressed": "zstd"}
     status, out, _ = call(

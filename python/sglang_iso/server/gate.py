@@ -21,6 +21,10 @@ task and sees what the gate records). It is the outermost layer of the app:
   only it may set the ``bootstrap_*`` fields, which a PD worker requires.
 * Every other path (flush, abort, adapters, weights, profiling, internal state,
   /iso/*) needs an admin key (403 for a tenant key): unknown paths fail closed.
+* Slow clients: a request body must arrive within ``body_timeout_s`` (408), and a tenant may have at most
+  ``max_body_reads`` bodies arriving at once (429), so a tenant trickling bodies over many connections holds
+  nothing another tenant needs. Connections that never finish their headers never reach an ASGI app; they cost
+  the server a socket each and are bounded where connections are accepted (the ingress; ``deploy/``).
 * The server's own calls to itself (``INTERNAL_PATHS``: SGLang's post-start GC freeze) carry a key made at
   start in this process's memory (``internal_key``), good for those paths only and for nothing else.
 """
@@ -95,6 +99,11 @@ FORBIDDEN_HEADERS: dict[str, str] = {
     "x-body-compressed": "compressed request bodies are not accepted",
 }
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_ROUTER_READER = "<router>"  # NOTE: not a valid tenant id (names.py): the router's bodies are counted apart
+BODY_TIMEOUT_S = 30.0
+"""Seconds a request body may take to arrive (after its headers); a slower one gets 408."""
+MAX_BODY_READS = 64
+"""Bodies one tenant may have arriving at once; the next connection gets 429."""
 
 
 class KeyLookup(Protocol):
@@ -142,8 +151,13 @@ class TenantGate:
         count_tokens: Callable[[str], int] | None = None,
         internal_key: str | None = None,
         on_start: Callable[[], None] | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+        max_body_reads: int = MAX_BODY_READS,
     ) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
+        self.max_body_reads = max_body_reads
+        self._reading: dict[str, int] = {}  # tenant (or "router") -> bodies arriving now; event loop only
         self.on_start = on_start
         self.internal_key = internal_key  # this process's own calls to INTERNAL_PATHS, None: none accepted
         self.rates = rates  # per-tenant requests and tokens per minute, None: no rate limits
@@ -216,9 +230,8 @@ class TenantGate:
             _refused("router_path", path)
             await self._error(send, 403, "router_path", f"{path} is not offered to the router key.", "permission_error")
             return
-        body = await _read_body(receive)
+        body = await self._receive_body(scope, receive, send, _ROUTER_READER)
         if body is None:
-            await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
             return
         try:
             obj = json.loads(body)
@@ -262,9 +275,8 @@ class TenantGate:
             return
         # NOTE: every method, not only POST: SGLang serves /generate and others on PUT too.
         if body is None:
-            body = await _read_body(receive)
+            body = await self._receive_body(scope, receive, send, tenant)
         if body is None:
-            await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
             return
         checked = request_rules.check_body(
             body, tenant, self.limits, path=str(scope.get("path", "")), pd=self.pd, from_router=from_router
@@ -372,6 +384,37 @@ class TenantGate:
             message = await receive()
             if message.get("type") == "websocket.connect":
                 await send({"type": "websocket.close", "code": 1008, "reason": "not offered by this server"})
+
+    async def _receive_body(self, scope: Scope, receive: Receive, send: Send, reader: str) -> bytes | None:
+        """The request's body; None once the refusal is sent: 429 when ``reader`` (a tenant, or the router) has
+        :attr:`max_body_reads` bodies arriving already, 408 when this one takes over :attr:`body_timeout_s`,
+        413 when it is over :data:`MAX_BODY_BYTES`."""
+        if self._reading.get(reader, 0) >= self.max_body_reads:
+            _refused("body_reads", str(scope.get("path", "")), reader)
+            await self._error(
+                send, 429, "too_many_connections",
+                f"More than {self.max_body_reads} request bodies of this key are arriving at once.",
+                "rate_limit_error", headers=[(b"retry-after", b"1")],
+            )  # fmt: skip
+            return None
+        self._reading[reader] = self._reading.get(reader, 0) + 1
+        try:
+            body = await asyncio.wait_for(_read_body(receive), self.body_timeout_s)
+        except TimeoutError:
+            _refused("body_timeout", str(scope.get("path", "")), reader)
+            await self._error(
+                send, 408, "body_timeout", f"The request body did not arrive within {self.body_timeout_s:g} s."
+            )
+            return None
+        finally:
+            left = self._reading[reader] - 1
+            if left:
+                self._reading[reader] = left
+            else:
+                del self._reading[reader]
+        if body is None:
+            await self._error(send, 413, "body_too_large", f"Request body larger than {MAX_BODY_BYTES} bytes.")
+        return body
 
     async def _error(
         self,

@@ -256,3 +256,51 @@ def test_internal_key_opens_only_the_internal_paths(tmp_path: Path) -> None:
     no_internal = TenantGate(plain, keys)
     assert call(no_internal, "/freeze_gc", key=internal)[0] == 401
     assert not plain_seen
+
+
+def test_slow_bodies_time_out_and_a_tenant_trickling_many_starves_no_one(tmp_path: Path) -> None:
+    """A body that does not arrive in time gets 408; a tenant's bodies arriving at once are capped (429), per
+    tenant: another tenant's request passes meanwhile, and the same tenant is served once its reads end."""
+    other = new_api_key()
+    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
+    (tmp_path / "t.toml").write_text(
+        'namespace_secret_file = "s.key"\n'
+        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
+        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(other)}"]\n'
+    )
+    app, seen = recording_app()
+    g = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), body_timeout_s=0.5, max_body_reads=2)
+
+    async def request(key: str, *, trickle: bool) -> tuple[int, Any]:
+        scope = {"type": "http", "path": "/generate", "method": "POST",
+                 "headers": [(b"authorization", f"Bearer {key}".encode())]}  # fmt: skip
+        sent: list[dict[str, Any]] = []
+        parts = [b'{"te', b'xt": "x"}']
+
+        async def receive() -> dict[str, Any]:
+            if trickle and len(parts) == 1:
+                await asyncio.sleep(3600)  # the rest of the body never comes
+            return {"type": "http.request", "body": parts.pop(0), "more_body": bool(parts)}
+
+        async def send(msg: dict[str, Any]) -> None:
+            sent.append(msg)
+
+        await g(scope, receive, send)
+        status = sent[0]["status"]
+        return status, json.loads(sent[1]["body"]) if status != 200 else sent[1]["body"]
+
+    async def scenario() -> list[tuple[int, Any]]:
+        slow = [asyncio.create_task(request(KEYS["acme"], trickle=True)) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        over = await request(KEYS["acme"], trickle=False)  # acme's third body while two are arriving
+        others = await request(other, trickle=False)  # globex is not held back by acme's slow bodies
+        timed_out = [await task for task in slow]
+        again = await request(KEYS["acme"], trickle=False)  # positive control: acme's reads ended
+        return [over, others, *timed_out, again]
+
+    over, others, first, second, again = asyncio.run(scenario())
+    assert over[0] == 429 and over[1]["error"]["code"] == "too_many_connections"
+    assert others[0] == 200
+    assert first[0] == second[0] == 408 and first[1]["error"]["code"] == "body_timeout"
+    assert again[0] == 200 and g._reading == {}
+    assert len(seen) == 2  # globex's request and acme's last; no partial body ever reached the app
