@@ -25,6 +25,7 @@ import random
 import secrets
 from array import array
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 
 from sglang_iso.identity.tags import NamespaceResolver, make_tag
 from sglang_iso.integration.host_cache import HostCache
+from sglang_iso.integration.owner_check import OwnerTable
 from sglang_iso.integration.scrub import KvScrubber
 from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
 from sglang_iso_testing.progress import Progress
@@ -81,6 +83,15 @@ class SoakFailure(Exception):
     pass
 
 
+class _RowRequest:
+    """What SGLang's row pool and the page-ownership table read of a request (the table keeps a weak reference)."""
+
+    def __init__(self, extra_key: str) -> None:
+        self.kv = SimpleNamespace(holds_kv=False, req_pool_idx=None, kv_allocated_len=0)
+        self.extra_key = extra_key
+        self.cache_salt = None
+
+
 class Soak:
     def __init__(self, config: SoakConfig) -> None:
         self.config = config
@@ -92,7 +103,8 @@ class Soak:
             self.allocator: Any = TokenToKVPoolAllocator(config.pool_tokens, torch.float32, "cpu", self.kv, False)
         else:
             self.allocator = PagedTokenToKVPoolAllocator(config.pool_tokens, ps, torch.float32, "cpu", self.kv, False)
-        rows = ReqToTokenPool(size=8, max_context_len=1024, device="cpu", enable_memory_saver=False)
+        rows = ReqToTokenPool(size=4, max_context_len=1024, device="cpu", enable_memory_saver=False)
+        self.rows = rows
         secret = secrets.token_bytes(32)
         self.names = [f"t{i:05d}" for i in range(config.tenants)]
         self.codes = {name: float(i + 1) for i, name in enumerate(self.names)}
@@ -101,6 +113,7 @@ class Soak:
                                  page_size=ps)  # fmt: skip
         self.cache = TenantRadixCache(params, NamespaceResolver(secret), policies)
         self.cache.scrubber = KvScrubber(self.allocator, rows).install()
+        self.cache.owners = self.owners = OwnerTable(self.cache).install()
         if config.host_tokens:
             self.cache.host = HostCache(self.cache, config.host_tokens)
             self.cache.tree.set_spill(self.cache.host.spill)
@@ -161,6 +174,7 @@ class Soak:
             return
         self._write(tenant, tokens, new, start=done)
         value = torch.cat([matched.to(torch.int64), new.to(torch.int64)])
+        self._forward_check(tenant, value, done)
         prefix = self.cache.insert(InsertParams(key=self._key(tenant, tokens), value=value)).prefix_len
         if prefix > done:
             self.allocator.free(new[: prefix - done])  # another request cached them first: ours are duplicates
@@ -170,6 +184,19 @@ class Soak:
             self.in_flight.append((tenant, node, tokens, matched.clone()))
         else:
             self.cache.dec_lock_ref(node)
+
+    def _forward_check(self, tenant: str, value: torch.Tensor, done: int) -> None:
+        """What the scheduler does around the request's forward: a row of ``req_to_token`` holding the matched
+        and new slots, the page-ownership check over it (new pages adopted, every other page must be the
+        tenant's), then the row freed. A refused slot is counted by the table (a failure at the next check)."""
+        req = _RowRequest(self.tags[tenant])
+        rows = self.rows.alloc([req])
+        if rows is None:
+            raise SoakFailure("no free req_to_token row (rows leak)")
+        row, n = rows[0], int(value.numel())
+        self.rows.req_to_token[row, :n] = value.to(self.rows.req_to_token.dtype)
+        self.owners.check_window(torch.tensor([row]), torch.tensor([n]), torch.tensor([done]), n)
+        self.rows.free_rows([row])
 
     def _pick_tenant(self) -> str:
         """Popularity as on a real platform: the busiest tenth of the tenants sends 60% of the requests."""
@@ -232,7 +259,23 @@ class Soak:
             self._verify(tenant, tokens, slots, "held by a request in flight")
         if not self.cache.check_integrity():
             raise SoakFailure("tree integrity check failed")
+        self._owner_table_matches_the_tree()
         self._no_violations()
+
+    def _owner_table_matches_the_tree(self) -> None:
+        """Every page the tree holds is its namespace's in the page-ownership table."""
+        ps = self.config.page_size
+        for ns, slots in self.cache.tree.entries():
+            if not slots:
+                continue
+            pages = torch.tensor(slots, dtype=torch.int64) // ps
+            wrong = self.owners.page_owner[pages] != self.owners.slot_of(ns)
+            if bool(wrong.any()):
+                i = int(torch.nonzero(wrong)[0])
+                raise SoakFailure(
+                    f"page {int(pages[i])} of namespace {ns[:24]} is owner slot "
+                    f"{int(self.owners.page_owner[pages[i]])} in the ownership table, not {self.owners.slot_of(ns)}"
+                )
 
     def _no_violations(self) -> None:
         """The cache's own fail-closed checks count what they refused: in a sound run there is nothing."""

@@ -1,4 +1,5 @@
 """The in-process soak, CI-sized: clean runs find nothing and see same-tenant reuse; each planted fault is found.
+The page-ownership table runs inside (every request's row checked, the table compared with the tree).
 
 The long run is ``benchmark/soak.py`` (a million operations)."""
 
@@ -19,8 +20,11 @@ from sglang_iso_testing.soak import Soak, SoakConfig
     ids=["page1", "page4", "page4-host-tier"],
 )
 def test_a_clean_run_finds_nothing_and_reuses(config: SoakConfig) -> None:
-    result = Soak(config).run(1500)  # NOTE: the scrub runs its Triton kernel under the interpreter in tests
+    soak = Soak(config)
+    result = soak.run(1500)  # NOTE: the scrub runs its Triton kernel under the interpreter in tests
     assert result.failure is None, result.failure
+    tenant_pages = soak.owners.page_owner > soak.owners.zero_owner
+    assert int(tenant_pages.sum()) > 0 and soak.owners.violations == 0  # the ownership check ran on every request
     assert result.hit_tokens > 0 and result.matched_requests > 0  # positive control: same-tenant reuse happened
     assert result.checks >= 3 and result.verified_slots > result.hit_tokens  # the periodic checks verified again
     assert result.evictions > 0 and result.flushes > 0 and result.counts.get("finish", 0) > 0

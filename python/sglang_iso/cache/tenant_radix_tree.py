@@ -320,6 +320,11 @@ class TenantRadixTree(TreeCore):
     def total_size(self) -> int:
         return self.evictable_size() + self.protected_size()
 
+    def entries(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(owner namespace, slots)`` of every stored node (shared nodes: ``shared:<name>``), for audits and
+        tests that compare another table with the tree. Mutates nothing; O(nodes)."""
+        return [(n.owner, tuple(n.value)) for root in self._all_roots() for n in iter_subtree(root) if n is not root]
+
     @property
     def violations(self) -> int:
         """Isolation violations detected since construction (all namespaces)."""
