@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(IMPLS),
         help=f"comma-separated, from {sorted(IMPLS)} (default: all; {BASELINE!r} is the ratio baseline)",
     )
-    parser.add_argument("--plot", default="benchmark/tree_ops.png", help="PNG path (needs matplotlib)")
+    parser.add_argument("--plot", default="benchmark/tree_ops.png", help="PNG path (needs matplotlib; \"\": none)")
     args = parser.parse_args(argv)
     names = [n for n in args.impls.split(",") if n]
     unknown = sorted(set(names) - set(IMPLS))
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.ops} requests per config, seed {args.seed}, best of {args.repeats}, "
         f"{time.perf_counter() - started:.0f} s of replay"
     )
-    plot(rows, args.plot)
+    if args.plot:  # NOTE: --plot "" writes none
+        plot(rows, args.plot)
     return 0
 
 
