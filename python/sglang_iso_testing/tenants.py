@@ -43,7 +43,7 @@ def write_tenants_file(
     directory: Path,
     tenants: Mapping[str, Mapping[str, Any]] | Iterable[str],
     *,
-    keys: Mapping[str, str] | None = None,
+    keys: Mapping[str, str | Sequence[str]] | None = None,
     admin: bool = True,
     router: bool = False,
     shared_prefixes: Sequence[Mapping[str, Any]] = (),
@@ -55,7 +55,8 @@ def write_tenants_file(
 
     Args:
         tenants: tenant id -> its fields (``cache``, ``quota_tokens``, ``kv_share``, ...), or just the ids.
-        keys: keys to use instead of minting (by tenant id, ``"admin"``, ``"router"``); others are minted.
+        keys: keys to use instead of minting (by tenant id, ``"admin"``, ``"router"``); others are minted. A list
+            gives a tenant several keys (a key rotation); :attr:`TenantsFile.keys` holds the first.
         admin: list an admin key (``admin_key_sha256``).
         router: list a router key (``router_key_sha256``, for prefill/decode workers).
         shared_prefixes: ``[[shared_prefixes]]`` tables, as given.
@@ -66,11 +67,12 @@ def write_tenants_file(
         ValueError: a value TOML cannot hold here (the message names the field).
     """
     table = tenants if isinstance(tenants, Mapping) else {tenant: {} for tenant in tenants}
-    given = dict(keys or {})
-    minted = {
-        who: given.get(who) or new_api_key()
+    given = {who: [k] if isinstance(k, str) else list(k) for who, k in (keys or {}).items()}
+    listed = {
+        who: given.get(who) or [new_api_key()]
         for who in (*table, *((ADMIN,) if admin else ()), *((ROUTER,) if router else ()))
     }
+    minted = {who: found[0] for who, found in listed.items()}
     secret = secrets.token_bytes(32) if secret is None else secret
     (directory / "secret.key").write_bytes(secret)
     lines = ['namespace_secret_file = "secret.key"']
@@ -80,7 +82,8 @@ def write_tenants_file(
         lines.append(f'router_key_sha256 = ["{key_sha256(minted[ROUTER])}"]')
     lines += [f"{k} = {_value(v, k)}" for k, v in top.items()]
     for tenant, fields in table.items():
-        lines += ["", "[[tenants]]", f"id = {_value(tenant, 'id')}", f'key_sha256 = ["{key_sha256(minted[tenant])}"]']
+        hashes = ", ".join(f'"{key_sha256(k)}"' for k in listed[tenant])
+        lines += ["", "[[tenants]]", f"id = {_value(tenant, 'id')}", f"key_sha256 = [{hashes}]"]
         lines += [f"{k} = {_value(v, f'{tenant}.{k}')}" for k, v in fields.items()]
     for prefix in shared_prefixes:
         lines += ["", "[[shared_prefixes]]", *(f"{k} = {_value(v, f'shared_prefixes.{k}')}" for k, v in prefix.items())]

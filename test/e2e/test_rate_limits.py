@@ -6,7 +6,6 @@ Tenant ``rpm`` may send 6 requests a minute (one every 10 s after its burst), ``
 
 from __future__ import annotations
 
-import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -17,8 +16,9 @@ import httpx
 import openai
 import pytest
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.tenants import TenantsFile, write_tenants_file
 
 from .conftest import start_iso_server
 
@@ -26,17 +26,15 @@ pytestmark = pytest.mark.e2e
 
 RPM = 6
 TPM = 600
-LIMITS = {"rpm": f"requests_per_minute = {RPM}", "tpm": f"tokens_per_minute = {TPM}", "free": ""}
+LIMITS: dict[str, dict[str, Any]] = {"rpm": {"requests_per_minute": RPM}, "tpm": {"tokens_per_minute": TPM}, "free": {}}
 STOP_AT_ONCE = list(range(2048))
 """Every token id of the tiny model: generation stops after its first token (a served count far below the budget)."""
 
 
-def tenants_toml(keys: dict[str, str], *, free_extra: str = "") -> str:
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(keys["admin"])}"]']
-    for tenant, limit in LIMITS.items():
-        lines += ["[[tenants]]", f'id = "{tenant}"', f'key_sha256 = ["{key_sha256(keys[tenant])}"]', limit]
-    lines += [free_extra] if free_extra else []
-    return "\n".join(lines) + "\n"
+def write_tenants(directory: Path, keys: dict[str, str], secret: bytes | None = None, **free: Any) -> TenantsFile:
+    """The three tenants with their limits (``free`` adds fields to tenant ``free``)."""
+    tenants = {**LIMITS, "free": {**LIMITS["free"], **free}}
+    return write_tenants_file(directory, tenants, keys=dict(keys), secret=secret)
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +44,7 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[tuple[ServerProcess, Path]]:
-    directory = tmp_path_factory.mktemp("rate-limits")
-    (directory / "s.key").write_bytes(secrets.token_bytes(32))
-    path = directory / "tenants.toml"
-    path.write_text(tenants_toml(keys))
+    path = write_tenants(tmp_path_factory.mktemp("rate-limits"), keys).path
     server = start_iso_server("--tenants-file", str(path))
     try:
         server.start()
@@ -90,7 +85,8 @@ def test_requests_per_minute_429_with_headers_reset_reload_and_sdk_retry(
     assert free.status_code == 200 and "x-ratelimit-limit-requests" not in free.headers
 
     # A reload that changes another tenant keeps rpm's spent minute spent.
-    path.write_text(tenants_toml(keys, free_extra="max_concurrent_requests = 4"))
+    secret = (path.parent / "secret.key").read_bytes()
+    write_tenants(path.parent, keys, secret, max_concurrent_requests=4)
     assert server.proc is not None
     server.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 10

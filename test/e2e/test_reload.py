@@ -10,28 +10,26 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
 
 
-def tenants_toml(entries: dict[str, list[str]], admin: str) -> str:
-    lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(admin)}"]']
-    for tenant, keys in entries.items():
-        hashes = ", ".join(f'"{key_sha256(k)}"' for k in keys)
-        lines += ["[[tenants]]", f'id = "{tenant}"', f"key_sha256 = [{hashes}]"]
-    return "\n".join(lines) + "\n"
-
-
 def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
-    import secrets
-
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
     old, new, newco, admin = new_api_key(), new_api_key(), new_api_key(), new_api_key()
-    path = tmp_path / "t.toml"
-    path.write_text(tenants_toml({"acme": [old]}, admin))
+    made = write_tenants_file(tmp_path, ["acme"], keys={"acme": old, "admin": admin})
+    path = made.path
+
+    def tenants_toml(entries: dict[str, list[str]]) -> str:
+        """The file's text with these tenants and keys (same secret and admin key): what an operator edits."""
+        staged = tmp_path / "staged"
+        staged.mkdir(exist_ok=True)
+        keys: dict[str, str | list[str]] = {**entries, "admin": admin}
+        return write_tenants_file(staged, list(entries), keys=keys, secret=made.secret).path.read_text()
+
     server = start_iso_server("--tenants-file", str(path))
     try:
         server.start()
@@ -55,10 +53,10 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
         with ThreadPoolExecutor(max_workers=1) as pool:
             in_flight = pool.submit(gen, old, 150)  # still running while the file changes
             time.sleep(0.5)
-            reload(tenants_toml({"acme": [old, new], "newco": [newco]}, admin))  # step 1: add the new key
+            reload(tenants_toml({"acme": [old, new], "newco": [newco]}))  # step 1: add the new key
             assert in_flight.result(timeout=300) == 200
         assert gen(old) == 200 and gen(new) == 200 and gen(newco) == 200
-        reload(tenants_toml({"acme": [new], "newco": [newco]}, admin))  # step 2: retire the old key
+        reload(tenants_toml({"acme": [new], "newco": [newco]}))  # step 2: retire the old key
         assert gen(old) == 401 and gen(new) == 200
         reload("this is [not valid toml")  # a broken file is rejected; the running config stays
         assert gen(new) == 200 and gen(newco) == 200
@@ -71,7 +69,7 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
             return int(row.get("resident_tokens") or 0)
 
         assert resident("newco") > 0 and resident("acme") > 0
-        reload(tenants_toml({"acme": [new]}, admin))  # step 3: newco leaves; its cache must not outlive it
+        reload(tenants_toml({"acme": [new]}))  # step 3: newco leaves; its cache must not outlive it
         deadline = time.monotonic() + 30
         while "removed tenant newco erased" not in server.log_text():
             assert time.monotonic() < deadline, "the removed tenant's cache was not erased"

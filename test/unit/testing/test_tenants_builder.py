@@ -44,3 +44,10 @@ def test_ids_alone_and_no_admin(tmp_path: Path) -> None:
 def test_a_value_toml_cannot_hold_is_refused_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"acme\.quota_tokens"):
         write_tenants_file(tmp_path, {"acme": {"quota_tokens": float("nan")}})
+
+
+def test_a_tenant_may_list_several_keys(tmp_path: Path) -> None:
+    made = write_tenants_file(tmp_path, ["acme", "beta"], keys={"acme": ["sk-iso-old", "sk-iso-new"]})
+    config = load_tenants_file(made.path)
+    assert config.tenants["acme"].key_hashes == {key_sha256("sk-iso-old"), key_sha256("sk-iso-new")}
+    assert made.keys["acme"] == "sk-iso-old" and config.tenants["beta"].key_hashes == {key_sha256(made.keys["beta"])}
