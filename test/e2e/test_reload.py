@@ -4,7 +4,9 @@ cache is erased."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,4 +79,51 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
         assert gen(newco) == 401 and resident("newco") == 0
         assert resident("acme") > 0  # control: the tenant that stays keeps its cache
     finally:
+        server.stop()
+
+
+def test_ten_thousand_tenants_reload_under_load_without_a_dropped_or_misattributed_request(tmp_path: Path) -> None:
+    tenants = [f"t{i:05d}" for i in range(10_000)]
+    made = write_tenants_file(tmp_path, tenants)
+    server = start_iso_server("--tenants-file", str(made.path))
+    clients = tenants[::1250]  # 8 tenants from all over the file
+    stop = threading.Event()
+    results: list[tuple[str, str, int, object]] = []
+
+    def client(tenant: str) -> None:
+        auth = {"Authorization": f"Bearer {made.keys[tenant]}"}
+        while not stop.is_set():
+            rid = uuid.uuid4().hex
+            body = {"text": f"{tenant} asks again", "rid": rid, "sampling_params": {"max_new_tokens": 4}}
+            status, out = server.post("/generate", body, headers=auth, timeout_s=300)
+            results.append((tenant, rid, status, out["meta_info"]["id"] if status == 200 else out))
+
+    try:
+        server.start()
+        with ThreadPoolExecutor(max_workers=len(clients)) as pool:
+            running = [pool.submit(client, tenant) for tenant in clients]
+            for i in range(3):
+                time.sleep(3)
+                keys: dict[str, str | list[str]] = dict(made.keys)
+                latest = write_tenants_file(tmp_path, [*tenants, f"new{i}"], keys=keys, secret=made.secret)
+                assert server.proc is not None
+                server.proc.send_signal(signal.SIGHUP)
+                deadline = time.monotonic() + 60
+                while server.log_text().count("tenants file reloaded: 10001 tenants") < i + 1:
+                    assert time.monotonic() < deadline, "reload not applied"
+                    time.sleep(0.2)
+            time.sleep(2)
+            stop.set()
+            for future in running:
+                future.result(timeout=300)
+        assert len(results) > 3 * len(clients)
+        dropped = [r for r in results if r[2] != 200]
+        assert dropped == [], dropped[:5]
+        misattributed = [r for r in results if r[3] != f"{r[0]}.{r[1]}"]  # the gate prefixes rids with the tenant
+        assert misattributed == [], misattributed[:5]
+        added, _ = server.post("/generate", {"text": "x"}, headers={"Authorization": f"Bearer {latest.keys['new2']}"})
+        unknown, _ = server.post("/generate", {"text": "x"}, headers={"Authorization": "Bearer sk-iso-unknown"})
+        assert (added, unknown) == (200, 401)  # control: the last reload's tenant is served, an unknown key is not
+    finally:
+        stop.set()
         server.stop()
