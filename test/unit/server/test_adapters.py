@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,8 @@ import pytest
 from sglang_iso.server import adapters
 from sglang_iso.server.gate import TenantGate
 from sglang_iso.tenancy.config import load_tenants_file
-from sglang_iso.tenancy.keys import KeyIndex, key_sha256, new_api_key
+from sglang_iso.tenancy.keys import KeyIndex, new_api_key
+from sglang_iso_testing.tenants import write_tenants_file
 
 ALLOWED = frozenset({"acme-support", "acme-legal"})
 
@@ -100,19 +100,14 @@ KEYS = {"acme": new_api_key(), "globex": new_api_key()}
 
 @pytest.fixture()
 def gate(tmp_path: Path) -> TenantGate:
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\nadapters = ["acme-support"]\n'
-        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(KEYS["globex"])}"]\n'
-    )
+    made = write_tenants_file(tmp_path, {"acme": {"adapters": ["acme-support"]}, "globex": {}}, keys=dict(KEYS))
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")))
+    return TenantGate(app, KeyIndex(load_tenants_file(made.path)))
 
 
 def post(gate: TenantGate, path: str, body: dict[str, Any], key: str) -> tuple[int, Any]:

@@ -12,7 +12,8 @@ import pytest
 
 from sglang_iso.server.gate import STATE_TENANT, TenantGate
 from sglang_iso.tenancy.config import load_tenants_file
-from sglang_iso.tenancy.keys import KeyIndex, key_sha256, new_api_key
+from sglang_iso.tenancy.keys import KeyIndex, new_api_key
+from sglang_iso_testing.tenants import write_tenants_file
 
 KEYS = {"acme": new_api_key(), "admin": new_api_key()}
 
@@ -30,15 +31,10 @@ def recording_app() -> tuple[Any, list[dict[str, Any]]]:
     return app, seen
 
 
-def key_index(tmp_path: Path) -> KeyIndex:
-    """Keys of a tenants file with the admin key and tenant ``acme``."""
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-    )
-    return KeyIndex(load_tenants_file(tmp_path / "t.toml"))
+def key_index(tmp_path: Path, *, admin: bool = True, **more: str) -> KeyIndex:
+    """Keys of a tenants file with the admin key and tenant ``acme`` (and ``more``: tenant id -> key)."""
+    made = write_tenants_file(tmp_path, ["acme", *more], keys={**KEYS, **more}, admin=admin)
+    return KeyIndex(load_tenants_file(made.path))
 
 
 @pytest.fixture()
@@ -213,10 +209,6 @@ def test_tenant_over_its_limit_gets_429_with_retry_after(gate) -> None:  # type:
 def test_slot_comes_back_with_the_last_byte_not_when_the_handler_returns(tmp_path: Path) -> None:
     from sglang_iso.server.admission import Admission
 
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        f'namespace_secret_file = "s.key"\n[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-    )
     admission = Admission(lambda _t: None, default=1)
     during: list[dict[str, int]] = []
 
@@ -227,7 +219,7 @@ def test_slot_comes_back_with_the_last_byte_not_when_the_handler_returns(tmp_pat
         await send({"type": "http.response.body", "body": b"ok"})
         during.append(dict(admission.in_flight))  # SGLang may linger here after a client went away
 
-    g = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), admission=admission)
+    g = TenantGate(app, key_index(tmp_path, admin=False), admission=admission)
     assert call(g, "/generate", {"text": "x"}, key=KEYS["acme"])[0] == 200
     assert during == [{"acme": 1}, {}]
     assert admission.in_flight == {}
@@ -262,14 +254,8 @@ def test_slow_bodies_time_out_and_a_tenant_trickling_many_starves_no_one(tmp_pat
     """A body that does not arrive in time gets 408; a tenant's bodies arriving at once are capped (429), per
     tenant: another tenant's request passes meanwhile, and the same tenant is served once its reads end."""
     other = new_api_key()
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(other)}"]\n'
-    )
     app, seen = recording_app()
-    g = TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), body_timeout_s=0.5, max_body_reads=2)
+    g = TenantGate(app, key_index(tmp_path, globex=other), body_timeout_s=0.5, max_body_reads=2)
 
     async def request(key: str, *, trickle: bool) -> tuple[int, Any]:
         scope = {"type": "http", "path": "/generate", "method": "POST",

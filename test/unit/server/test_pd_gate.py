@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,8 @@ import pytest
 from sglang_iso.server.gate import STATE_TENANT, TenantGate
 from sglang_iso.server.pd_rules import PdRole, pd_role, router_tenant
 from sglang_iso.tenancy.config import load_tenants_file
-from sglang_iso.tenancy.keys import KeyIndex, Principal, key_sha256, new_api_key
+from sglang_iso.tenancy.keys import KeyIndex, Principal, new_api_key
+from sglang_iso_testing.tenants import write_tenants_file
 
 from .test_gate import call, recording_app
 
@@ -21,16 +21,9 @@ BOOT = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room":
 
 
 def _gate(tmp_path: Path, role: PdRole | None) -> tuple[TenantGate, list[dict[str, Any]]]:
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    (tmp_path / "t.toml").write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'admin_key_sha256 = ["{key_sha256(KEYS["admin"])}"]\n'
-        f'router_key_sha256 = ["{key_sha256(KEYS["router"])}"]\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n'
-        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(KEYS["globex"])}"]\n'
-    )
+    made = write_tenants_file(tmp_path, ["acme", "globex"], keys=dict(KEYS), router=True)
     app, seen = recording_app()
-    return TenantGate(app, KeyIndex(load_tenants_file(tmp_path / "t.toml")), pd=role), seen
+    return TenantGate(app, KeyIndex(load_tenants_file(made.path)), pd=role), seen
 
 
 @pytest.fixture()
@@ -40,7 +33,7 @@ def decode(tmp_path: Path) -> tuple[TenantGate, list[dict[str, Any]]]:
 
 def test_router_key_is_its_own_principal(tmp_path: Path) -> None:
     _gate(tmp_path, None)
-    index = KeyIndex(load_tenants_file(tmp_path / "t.toml"))
+    index = KeyIndex(load_tenants_file(tmp_path / "tenants.toml"))
     assert index.lookup(KEYS["router"]) == Principal.for_router()
     assert index.tenant("acme") == Principal.for_tenant("acme") and index.tenant("nobody") is None
 
