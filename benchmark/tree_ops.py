@@ -127,7 +127,10 @@ class Ours(Impl):
         return self.tree.match(ns, tokens)
 
     def slots(self, ns: str, match: Any) -> list[int]:
-        return list(match.indices)
+        return match.slots.tolist()
+
+    def pack(self, slots: list[int]) -> Any:
+        return array("q", slots)  # what the scheduler hands over: the row's slots as one buffer
 
     def insert(self, ns: str, tokens: array, packed: Any) -> None:
         self.tree.insert(ns, tokens, packed)
@@ -343,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(IMPLS),
         help=f"comma-separated, from {sorted(IMPLS)} (default: all; {BASELINE!r} is the ratio baseline)",
     )
-    parser.add_argument("--plot", default="benchmark/tree_ops.png", help="PNG path (needs matplotlib; \"\": none)")
+    parser.add_argument("--plot", default="benchmark/tree_ops.png", help='PNG path (needs matplotlib; "": none)')
     args = parser.parse_args(argv)
     names = [n for n in args.impls.split(",") if n]
     unknown = sorted(set(names) - set(IMPLS))

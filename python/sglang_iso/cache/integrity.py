@@ -11,6 +11,7 @@ and ``state.leaves`` of each namespace is exactly its nodes that ``_is_evictable
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -64,7 +65,7 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
                 if not isinstance(parent, RootNode):
                     assert parent.lock_ref >= node.lock_ref, f"{parent.lock_ref=} {node.lock_ref=}"
                 (protected if node.lock_ref else evictable)[node.owner] += len(node.value)
-                assert type(node.value) is tuple, f"{type(node.value)=}"
+                assert type(node.value) is array and node.value.typecode == "q", f"{type(node.value)=}"
                 if tree._is_evictable(node):
                     leaves.setdefault(node.owner, set()).add(id(node))
                 slots.update(node.value)
@@ -77,7 +78,7 @@ def check_tree_integrity(tree: TenantRadixTree) -> None:
             assert shared_lock >= cont_lock, f"{name=} {shared_lock=} {cont_lock=}"
     repeated = [slot for slot, count in slots.items() if count > 1]
     assert not repeated, f"slots owned by more than one node: {repeated[:10]=}"
-    assert set(slots) == tree._resident, f"{len(slots)=} {len(tree._resident)=}"
+    assert set(slots) == tree._resident.held(), f"{len(slots)=} {len(tree._resident)=}"
     for ns, state in tree._ns.items():
         assert state.evictable == evictable[ns], f"{ns=} {state.evictable=} {evictable[ns]=}"
         assert state.protected == protected[ns], f"{ns=} {state.protected=} {protected[ns]=}"

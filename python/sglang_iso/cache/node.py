@@ -3,8 +3,10 @@
 Only :class:`~sglang_iso.cache.tenant_radix_tree.TenantRadixTree` creates or
 mutates nodes; callers hold them only inside an opaque ``NodeHandle``.
 
-Keys are ``array('q')`` (token ids), values are tuples of exact ``int`` slots:
-both slice and compare in C, so walks never loop over tokens in Python.
+Keys (token ids) and values (KV slots) are both ``array('q')``: they slice,
+compare and concatenate in C, hold no per-element Python objects, and a value
+is viewed by numpy without a copy, so walks and evictions never loop over
+tokens or slots in Python.
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ class TreeNode:
 
     __slots__ = ("children", "key", "last_access", "lock_ref", "owner", "parent", "value")
 
-    def __init__(self, owner: str, key: Sequence[int], value: Sequence[int], parent: TreeNode | None) -> None:
+    def __init__(self, owner: str, key: array, value: array, parent: TreeNode | None) -> None:
         self.owner = owner
         """Namespace id that created the node; set here and never reassigned (splits copy it)."""
         self.key = key
         """Token ids on this edge, ``array('q')``; a whole number of pages, empty only on roots. Mutated only by
         splits."""
         self.value = value
-        """KV pool slot per token of ``key`` (same length), a tuple of exact ints. Owned by the tree until passed
-        to ``free_fn``."""
+        """KV pool slot per token of ``key`` (same length), ``array('q')``; never resized in place (numpy views of
+        it are taken). Owned by the tree until passed to ``free_fn``."""
         self.parent = parent
         """Parent node; None on roots and on nodes that were removed from the tree."""
         self.children: dict[ChildKey, TreeNode] = {}
@@ -51,7 +53,7 @@ class RootNode(TreeNode):
     __slots__ = ("kind", "shared_name")
 
     def __init__(self, owner: str, kind: RootKind, shared_name: str | None) -> None:
-        super().__init__(owner, array("q"), (), None)
+        super().__init__(owner, array("q"), array("q"), None)
         self.kind: RootKind = kind
         """``private``: a namespace's own tree. ``shared``: an operator-declared prefix.
         ``cont``: a namespace's continuations after the shared prefix ``shared_name``."""

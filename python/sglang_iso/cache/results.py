@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -31,12 +32,17 @@ class NodeHandle:
 class MatchResult(NamedTuple):
     """Result of ``match``. The indices are only safe to use while ``last_node`` is locked."""
 
-    indices: tuple[int, ...]
-    """KV slots of the matched prefix, one per token."""
+    slots: array
+    """KV slots of the matched prefix, one per token, ``array('q')`` (the caller's to keep)."""
     last_node: NodeHandle
     """Handle to lock (``inc_lock``) before using ``indices`` beyond the current call."""
     prefix_len: int
-    """Matched tokens; equals ``len(indices)`` and is a multiple of the page size."""
+    """Matched tokens; equals ``len(slots)`` and is a multiple of the page size."""
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """``slots`` as a tuple of ints (a copy: for callers that compare or hash them)."""
+        return tuple(self.slots)
 
 
 class InsertResult(NamedTuple):

@@ -30,7 +30,7 @@ from sglang_iso.cache.integrity import check_tree_integrity
 from sglang_iso.cache.namespaces import NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, iter_subtree
 from sglang_iso.cache.results import InsertResult, MatchResult, NamespaceStats, NodeHandle
-from sglang_iso.cache.tree_core import TreeCore, as_key
+from sglang_iso.cache.tree_core import TreeCore, as_key, as_slots
 from sglang_iso.constants import CACHE_POLICIES, SHARED_NAMESPACE_PREFIX, CachePolicy
 from sglang_iso.names import SHARED_PREFIX_NAME_PATTERN, is_shared_prefix_key
 
@@ -40,10 +40,11 @@ _EMPTY_HANDLE = NodeHandle(())
 class TenantRadixTree(TreeCore):
     """Tenant-partitioned radix tree of KV slot indices. Not thread-safe; call from the scheduler thread."""
 
-    def __init__(self, page_size: int, free_fn: Callable[[list[int]], None]) -> None:
+    def __init__(self, page_size: int, free_fn: Callable[[array], None]) -> None:
         """Args:
             page_size: tokens per KV page; only whole pages are matched, stored and split.
-            free_fn: receives every slot list leaving the tree; the only way slots are ever released.
+            free_fn: receives every slot array (``array('q')``, the tree's no longer) leaving the tree; the only
+                way slots are ever released.
 
         Raises:
             ValueError: ``page_size`` is not an int >= 1.
@@ -128,7 +129,7 @@ class TenantRadixTree(TreeCore):
         self._check_ns(ns, allow_shared=False)
         state = self._state(ns)
         if state.policy == "off":
-            return MatchResult((), _EMPTY_HANDLE, 0)
+            return MatchResult(array("q"), _EMPTY_HANDLE, 0)
         key = self._aligned(tokens)
         self._clock += 1
         state.lookup_tokens += len(key)
@@ -136,16 +137,16 @@ class TenantRadixTree(TreeCore):
         if shared is None:
             root = self._private.get(ns)
             if root is None:
-                return MatchResult((), _EMPTY_HANDLE, 0)
+                return MatchResult(array("q"), _EMPTY_HANDLE, 0)
             walk = self._walk(root, key, ns, ns)
             if walk.node is root:
-                return MatchResult((), _EMPTY_HANDLE, 0)
+                return MatchResult(array("q"), _EMPTY_HANDLE, 0)
             state.hit_tokens += len(walk.indices)
-            return MatchResult(tuple(walk.indices), NodeHandle((walk.node,)), len(walk.indices))
+            return MatchResult(walk.indices, NodeHandle((walk.node,)), len(walk.indices))
         n_shared = len(shared.tokens)
         head = self._walk(self._shared_roots[shared.name], key[:n_shared], shared.namespace, ns)
         if len(head.indices) != n_shared:
-            return MatchResult((), _EMPTY_HANDLE, 0)
+            return MatchResult(array("q"), _EMPTY_HANDLE, 0)
         indices, ends = head.indices, [head.node]
         self._ns[shared.namespace].hit_tokens += n_shared
         cont = self._cont.get(shared.name, {}).get(ns)
@@ -155,7 +156,7 @@ class TenantRadixTree(TreeCore):
             ends.append(tail.node)
         state.hit_tokens += len(indices)
         handle = NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode)))
-        return MatchResult(tuple(indices), handle, len(indices))
+        return MatchResult(indices, handle, len(indices))
 
     def insert(self, ns: str, tokens: Sequence[int], indices: Sequence[int]) -> InsertResult:
         """Cache ``indices`` (one slot per token) under ``ns``; see :class:`InsertResult` for slot ownership.
@@ -168,7 +169,7 @@ class TenantRadixTree(TreeCore):
 
         Raises:
             ValueError: bad ``ns``, ``len(indices) != len(tokens)``, a token that is not an int in the int64
-                range, or a stored index that is not an integer.
+                range, or an index that is not an integer slot id (``0 .. MAX_SLOT``); nothing is changed then.
         """
         self._check_ns(ns, allow_shared=False)
         if len(indices) != len(tokens):
@@ -176,8 +177,7 @@ class TenantRadixTree(TreeCore):
         if self._state(ns).policy == "off":
             return InsertResult(0, 0, ())
         key = self._aligned(tokens)
-        # Unchecked here: ``_store`` converts the slots it stores (``exact_slots``) and only compares the rest.
-        values = tuple(indices[: len(key)])
+        values = as_slots(indices, len(key))
         self._clock += 1
         shared = self._route(ns, key)
         if shared is None:
@@ -291,7 +291,7 @@ class TenantRadixTree(TreeCore):
             node.parent = None
             node.children = {}
         for node in nodes:
-            self._free_fn(list(node.value))
+            self._free_fn(node.value)
 
     def shared_route(self, ns: str, tokens: Sequence[int]) -> tuple[str, int] | None:
         """``(name, length)`` of the shared prefix a match of ``tokens`` by ``ns`` goes through, if any."""

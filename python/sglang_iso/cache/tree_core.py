@@ -9,26 +9,27 @@ Performance notes (the tree runs on the scheduler thread for every request):
 keys are ``array('q')`` and values tuples, so matching, splitting and
 duplicate detection are C-level slice operations; evictable leaves are kept
 per namespace incrementally (as upstream's ``evictable_leaves``), so eviction
-heaps only over leaves; per-slot Python work is limited to the resident-slot
-set, which the isolation checks need.
+heaps only over leaves; the resident slots the isolation checks need are a
+bitmap claimed and released a node's slot array at a time (``resident``), so
+no operation does per-slot Python work beyond converting a fresh insert's slots.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import operator
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, NamedTuple
 
+import numpy as np
+
 from sglang_iso.cache.namespaces import NamespaceState, Registration, SharedPrefix
 from sglang_iso.cache.node import RootNode, TreeNode, common_prefix_len, iter_subtree, page_key
+from sglang_iso.cache.resident import MAX_SLOT, ResidentSlots
 from sglang_iso.constants import SHARED_NAMESPACE_PREFIX
 
 logger = logging.getLogger(__name__)
-
-_EXACT_INT = frozenset({int})
 
 EvictScope = str | list[RootNode] | None
 """What ``_evict_lru`` may evict: None: everything; a namespace: the nodes it owns; roots: nodes under them."""
@@ -37,7 +38,7 @@ EvictScope = str | list[RootNode] | None
 class _Walk(NamedTuple):
     node: TreeNode
     """Last node matched (the root when nothing matched)."""
-    indices: list[int]
+    indices: array
 
 
 class _Stored(NamedTuple):
@@ -61,28 +62,42 @@ def as_key(tokens: Sequence[int], length: int) -> array:
         raise ValueError(f"tokens must be ints in the int64 range: {exc}") from None
 
 
-def exact_slots(slots: Sequence[int]) -> tuple[int, ...]:
-    """``slots`` as a tuple of exact ints (bools, numpy ints, 0-d tensors converted).
+def as_slots(slots: Sequence[int], length: int) -> array:
+    """``slots[:length]`` as ``array('q')`` (bools, numpy ints and 0-d tensors converted through ``__index__``).
 
-    NOTE: the resident-slot set relies on ``int`` hashing/equality; a 0-d tensor hashes by identity and
-    would slip past the "already owned" check, so anything that is not an exact int is converted here.
+    NOTE: the conversion is also the type check: anything that is not an integer slot id is refused here, before
+    the tree changes, so no slot of another type or range can reach the resident-slot check.
 
     Raises:
-        ValueError: a slot is not an integer.
+        ValueError: a slot is not an integer in ``0 .. MAX_SLOT``.
     """
-    out = tuple(slots)
-    if _EXACT_INT.issuperset(map(type, out)):
-        return out
-    try:
-        return tuple(map(operator.index, out))
-    except TypeError as exc:
-        raise ValueError(f"indices must be integers: {exc}") from None
+    if type(slots) is array and slots.typecode == "q":
+        out = slots[:length]  # a copy: the caller may reuse its array
+    else:
+        try:
+            out = array("q", slots[:length])
+        except (TypeError, OverflowError) as exc:
+            raise ValueError(f"indices must be integers in 0..{MAX_SLOT}: {exc}") from None
+    if out:
+        view = slot_view(out)
+        lo, hi = int(view.min()), int(view.max())
+        if lo < 0 or hi > MAX_SLOT:
+            raise ValueError(f"indices must be integers in 0..{MAX_SLOT}, got {lo if lo < 0 else hi}")
+    return out
+
+
+def slot_view(slots: array) -> np.ndarray:
+    """A numpy view (no copy) of ``slots``; the array must not be resized while the view lives."""
+    return np.frombuffer(slots, dtype=np.int64) if slots else _NO_SLOTS
+
+
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 
 class TreeCore:
     """Mechanics shared by the public tree; every method here may mutate the tree."""
 
-    def __init__(self, page_size: int, free_fn: Callable[[list[int]], None]) -> None:
+    def __init__(self, page_size: int, free_fn: Callable[[array], None]) -> None:
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
         self.page_size = page_size
@@ -103,12 +118,12 @@ class TreeCore:
         """namespace -> config and accounting (tokens); created on first use."""
         self._quota_ns: set[str] = set()
         """Namespaces with a quota set (the only ones ``evict`` checks for excess first)."""
-        self._resident: set[int] = set()
+        self._resident = ResidentSlots()
+        """Every slot currently owned by some node."""
         # NOTE: SGLang asks for the evictable and protected sizes several times per scheduler iteration; the sums
         # over namespaces are kept here, beside every change of a namespace's counters, so the answer is O(1).
         self._evictable_total = 0
         self._protected_total = 0
-        """Every slot currently owned by some node."""
         self._leaves: dict[TreeNode, None] = {}
         """Every namespace's evictable leaves (the union of ``NamespaceState.leaves``, same rule), as an
         insertion-ordered set: a global eviction heaps over it without visiting each namespace."""
@@ -190,7 +205,7 @@ class TreeCore:
     def _walk(self, root: RootNode, key: array, expected_owner: str, ns: str) -> _Walk:
         """Follow ``key`` down from ``root``; stops at the first node not owned by ``expected_owner``."""
         node: TreeNode = root
-        indices: list[int] = []
+        indices = array("q")
         if root.owner != expected_owner:
             self._violation(ns, "match", f"expected_owner={expected_owner} root_owner={root.owner}")
             return _Walk(root, indices)
@@ -212,11 +227,11 @@ class TreeCore:
             node, pos = child, pos + n
         return _Walk(node, indices)
 
-    def _store(self, root: RootNode, key: array, values: tuple[int, ...], expected_owner: str, ns: str) -> _Stored:
+    def _store(self, root: RootNode, key: array, values: array, expected_owner: str, ns: str) -> _Stored:
         """Insert ``key -> values`` under ``root``; the new leaf is owned by ``expected_owner``.
 
-        ``values`` are the caller's slots, unchecked: only the new range is stored, and it goes through
-        :func:`exact_slots` first; the cached range is only compared.
+        ``values`` are the caller's slots (:func:`as_slots`): only the new range is stored; the cached range is
+        only compared.
         """
         node: TreeNode = root
         duplicates: list[int] = []
@@ -239,26 +254,22 @@ class TreeCore:
             child.last_access = clock
             mine = values[pos : pos + n]
             if mine != child.value:
-                duplicates += exact_slots([m for m, cached in zip(mine, child.value, strict=True) if m != cached])
+                duplicates += [m for m, cached in zip(mine, child.value, strict=True) if m != cached]
             node, pos = child, pos + n
         resident = self._resident
         # SECURITY: a slot the tree already owns must not be handed back to the caller as a duplicate,
         # nor stored twice (it would be freed twice and reused under two owners).
-        if duplicates and not resident.isdisjoint(duplicates):
+        if duplicates and resident.any_of(duplicates):
             self._violation(ns, "insert", "caller passed slots already owned by the cache")
             duplicates = [i for i in duplicates if i not in resident]
         if pos == end:
             return _Stored(node, pos, 0, duplicates)
-        new = exact_slots(values[pos:])
+        new = values[pos:]
         if duplicates and not set(duplicates).isdisjoint(new):
             self._violation(ns, "insert", "refused slots already owned by the cache")
             return _Stored(node, pos, 0, duplicates)
-        # NOTE: claim and check in one pass: the set grows by len(new) iff no new slot was resident and none
-        # repeats. The rare failure is undone by ``_unclaim``, which recomputes what the nodes hold.
-        before = len(resident)
-        resident.update(new)
-        if len(resident) - before != len(new):
-            self._unclaim(new)
+        # NOTE: the claim checks and holds in one call: nothing is held when one slot is resident or repeats.
+        if not resident.claim(slot_view(new)):
             self._violation(ns, "insert", "refused slots already owned by the cache")
             return _Stored(node, pos, 0, duplicates)
         leaf = TreeNode(expected_owner, key[pos:], new, node)
@@ -279,12 +290,6 @@ class TreeCore:
             state.leaves[leaf] = None
             self._leaves[leaf] = None
         return _Stored(leaf, pos, len(new), duplicates)
-
-    def _unclaim(self, slots: tuple[int, ...]) -> None:
-        """Undo a failed ``_resident.update(slots)``: keep exactly the slots some node still holds."""
-        stale = set(slots)
-        held = {s for root in self._all_roots() for n in iter_subtree(root) for s in n.value if s in stale}
-        self._resident.difference_update(stale - held)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after ``n`` tokens; returns the new upper half. Owner, locks and sizes carry over."""
@@ -384,15 +389,21 @@ class TreeCore:
         heapq.heapify(heap)
         seq = len(heap)
         freed = 0
-        while heap and freed < budget:
-            node = heapq.heappop(heap)[2]
-            if not self._is_evictable(node):
-                continue
-            freed += len(node.value)
-            for cand in self._remove_leaf(node):
-                if self._in_scope(cand, scope):
-                    heapq.heappush(heap, (cand.last_access, seq, cand))
-                    seq += 1
+        released: list[np.ndarray] = []
+        try:
+            while heap and freed < budget:
+                node = heapq.heappop(heap)[2]
+                if not self._is_evictable(node):
+                    continue
+                freed += len(node.value)
+                released.append(slot_view(node.value))
+                for cand in self._remove_leaf(node):
+                    if self._in_scope(cand, scope):
+                        heapq.heappush(heap, (cand.last_access, seq, cand))
+                        seq += 1
+        finally:
+            # NOTE: one scatter for the whole eviction; nothing inserts between a leaf's removal and this.
+            self._resident.release_all(released)
         return freed
 
     def _in_scope(self, node: TreeNode, scope: EvictScope) -> bool:
@@ -407,26 +418,38 @@ class TreeCore:
         return any(walk is r for r in scope)
 
     def _remove_leaf(self, node: TreeNode) -> list[TreeNode]:
-        """Detach an evictable leaf, free its slots; returns nodes that became evictable leaves by it."""
+        """Detach an evictable leaf, free its slots; returns nodes that became evictable leaves by it.
+
+        The caller releases ``node.value`` from the resident slots (``_evict_lru`` does it once per call).
+        """
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0, f"{node=}"
-        del parent.children[page_key(node.key, 0, self.page_size)]
+        page = self.page_size
+        key = node.key
+        del parent.children[key[0] if page == 1 else tuple(key[:page])]
         node.parent = None
+        size = len(node.value)
         state = self._ns[node.owner]
         state.leaves.pop(node, None)
         self._leaves.pop(node, None)
-        state.evictable -= len(node.value)
-        self._evictable_total -= len(node.value)
-        state.evicted_tokens += len(node.value)
-        self._resident.difference_update(node.value)
+        state.evictable -= size
+        state.evicted_tokens += size
+        self._evictable_total -= size
         if self._spilling and self._spill_fn is not None:
             self._spill(node, parent)
-        self._free_fn(list(node.value))
-        if not isinstance(parent, RootNode):
+        self._free_fn(node.value)
+        if type(parent) is not RootNode:
             if parent.children or parent.lock_ref:
                 return []
-            self._refresh_leaf(parent)
-            return [parent] if parent in self._leaves else []
+            # Same root, hence same owner and the same evictability rule: the parent is now an evictable leaf
+            # unless it hangs off a shared root (its rule depends on the continuations).
+            grand = parent.parent
+            if type(grand) is RootNode and grand.kind == "shared":
+                self._refresh_leaf(parent)
+                return [parent] if parent in self._leaves else []
+            state.leaves[parent] = None
+            self._leaves[parent] = None
+            return [parent]
         if parent.kind == "cont" and not parent.children:
             return self._refresh_shared_leaves(parent)
         return []

@@ -288,7 +288,7 @@ class HostCache:
                 self.load_failures += 1
                 return 0
             self._copy_in(slots, pages, stored)
-            values = [*found.indices, *slots.tolist()]
+            values = found.slots.tolist() + slots.tolist()
             result = tree.insert(ns, list(tokens[: start + n]), values)
             leftover = [*result.duplicate_indices, *values[max(result.stored_len, start) :]]
             if leftover:

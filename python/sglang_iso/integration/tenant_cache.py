@@ -148,7 +148,7 @@ class TenantRadixCache(BasePrefixCache):
         self.report.maybe_export()
         if found.prefix_len == 0:
             return self._miss()
-        node = IsoNode(found.last_node, self._tensor(found.indices), ns)
+        node = IsoNode(found.last_node, self._tensor(found.slots), ns)
         return MatchResult(
             device_prefix_len=found.prefix_len,
             last_device_node=node,
@@ -175,7 +175,7 @@ class TenantRadixCache(BasePrefixCache):
         if tokens is None:
             return InsertResult(prefix_len=0)
         n = len(tokens) - len(tokens) % self.page_size
-        result = self.tree.insert(ns, tokens[:n], params.value[:n].tolist())
+        result = self.tree.insert(ns, tokens[:n], _slot_array(params.value[:n]))
         return InsertResult(prefix_len=result.prefix_len)
 
     def checkpoint(self, req: Req, *, up_to: int, **_kwargs: Any) -> None:
@@ -191,7 +191,7 @@ class TenantRadixCache(BasePrefixCache):
         n = len(tokens) - len(tokens) % self.page_size
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         values = row[:n].to(dtype=torch.int64, copy=True)
-        result = self.tree.insert(ns, tokens[:n], values.tolist())
+        result = self.tree.insert(ns, tokens[:n], _slot_array(values))
         if result.duplicate_indices:
             # The request's own slots for tokens the tree already held: not tree slots.
             self.token_to_kv_pool_allocator.free(self._tensor(result.duplicate_indices))
@@ -203,15 +203,15 @@ class TenantRadixCache(BasePrefixCache):
         if stored > protected:
             self.req_to_token_pool.write(
                 (req.kv.req_pool_idx, slice(protected, stored)),
-                self._tensor(found.indices[protected:stored]).to(row.dtype),
+                self._tensor(found.slots[protected:stored]).to(row.dtype),
             )
         # Slots in [stored, up_to) stay with the request and are freed at release.
         req.kv.cache_protected_len = max(protected, stored)
         if self.owners is not None and stored:
             route = self.tree.shared_route(ns, tokens[:stored])
             if route is not None:
-                self.owners.mark_shared(list(found.indices[: route[1]]), route[0])
-        new_node = IsoNode(found.last_node, self._tensor(found.indices), ns) if stored else self.root_node
+                self.owners.mark_shared(found.slots[: route[1]].tolist(), route[0])
+        new_node = IsoNode(found.last_node, self._tensor(found.slots), ns) if stored else self.root_node
         self.unlock(req.lock)
         req.lock = self.lock(new_node)
         req.last_node = new_node
@@ -347,7 +347,7 @@ class TenantRadixCache(BasePrefixCache):
 
     # ------------------------------------------------------------------------------------------ private
 
-    def _release_slots(self, slots: list[int]) -> None:
+    def _release_slots(self, slots: array) -> None:
         """The only path by which slots leave the tree for the allocator."""
         if slots:
             self.token_to_kv_pool_allocator.free(self._tensor(slots))
@@ -404,6 +404,9 @@ class TenantRadixCache(BasePrefixCache):
         self._configured[ns] = namespace
 
     def _tensor(self, values: Any) -> torch.Tensor:
+        if type(values) is array and values.typecode == "q" and values:
+            # NOTE: a copy of the tree's buffer (no per-slot Python objects); the tree never writes it in place.
+            return torch.frombuffer(values, dtype=torch.int64).to(self.device, copy=True)
         return torch.tensor(list(values), dtype=torch.int64, device=self.device)
 
     def _miss(self) -> MatchResult:
@@ -413,3 +416,10 @@ class TenantRadixCache(BasePrefixCache):
             last_host_node=self.root_node,
             best_match_node=self.root_node,
         )
+
+
+def _slot_array(slots: torch.Tensor) -> array:
+    """An integer tensor of slots as the tree's ``array('q')``, through its bytes (no per-slot Python objects)."""
+    out = array("q")
+    out.frombytes(slots.to(device="cpu", dtype=torch.int64).contiguous().numpy().tobytes())
+    return out

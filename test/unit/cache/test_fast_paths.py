@@ -95,7 +95,7 @@ def test_refused_insert_keeps_resident_slots_exact(tree: TenantRadixTree, pool: 
     dup = tree.insert(A, [2] * (2 * page_size), [fresh[0]] * (2 * page_size))
     clash = tree.insert(B, [3] * (2 * page_size), [*fresh[:page_size], *held])
     assert dup.inserted_len == 0 and clash.inserted_len == 0 and tree.violations == 2
-    assert tree._resident == set(held)
+    assert tree._resident.held() == set(held)
     tree.check_integrity()
     # The refused fresh slots are still the caller's to use.
     assert tree.insert(B, [3] * (2 * page_size), fresh).inserted_len == 2 * page_size
