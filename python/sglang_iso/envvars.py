@@ -65,6 +65,13 @@ PD_DRAIN_TIMEOUT_S = EnvVar(
     "60",
     "operator",
 )
+BODY_TIMEOUT_S = EnvVar(
+    "SGLANG_ISO_BODY_TIMEOUT_S", "seconds a request body may take to arrive after its headers (then 408)", "30",
+    "operator",
+)  # fmt: skip
+MAX_BODY_READS = EnvVar(
+    "SGLANG_ISO_MAX_BODY_READS", "request bodies one key may have arriving at once (then 429)", "64", "operator"
+)
 ROUTER_KEY = EnvVar(
     "SGLANG_ISO_ROUTER_KEY", "`sglang-iso router --pd-disaggregation`: the router's own key (default variable)", None,
     "operator",
@@ -119,6 +126,8 @@ ALL: tuple[EnvVar, ...] = (
     L3_DIR,
     L3_MAX_BYTES,
     PD_DRAIN_TIMEOUT_S,
+    BODY_TIMEOUT_S,
+    MAX_BODY_READS,
     ROUTER_KEY,
     NGRAM_CORPUS,
     NGRAM_NS_CAPACITY,

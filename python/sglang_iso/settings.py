@@ -59,6 +59,10 @@ class Settings:
     """Cap of the L3 store in bytes (positive; from ``--iso-l3-max-gb``); None: the store's default."""
     pd_drain_timeout_s: float
     """Seconds a failed PD transfer may take to drain before its pages stay quarantined (positive)."""
+    body_timeout_s: float
+    """Seconds a request body may take to arrive after its headers before the gate answers 408 (positive)."""
+    max_body_reads: int
+    """Request bodies one key may have arriving at once before the gate answers 429 (positive)."""
     ngram_corpus_shared: bool
     """One NGRAM draft corpus for all tenants (``shared``) instead of one per namespace (the default)."""
     ngram_ns_capacity: int
@@ -88,6 +92,8 @@ class Settings:
             l3_dir=_path(envvars.L3_DIR, env),
             l3_max_bytes=_positive_int(envvars.L3_MAX_BYTES, env, "a positive number of bytes", optional=True),
             pd_drain_timeout_s=_positive_float(envvars.PD_DRAIN_TIMEOUT_S, env),
+            body_timeout_s=_positive_float(envvars.BODY_TIMEOUT_S, env),
+            max_body_reads=_required_int(envvars.MAX_BODY_READS, env),
             ngram_corpus_shared=_choice(envvars.NGRAM_CORPUS, NGRAM_CORPUS_MODES, env) == "shared",
             ngram_ns_capacity=_required_int(envvars.NGRAM_NS_CAPACITY, env),
             ngram_max_namespaces=_required_int(envvars.NGRAM_MAX_NAMESPACES, env),

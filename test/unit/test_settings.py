@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_iso import envvars, settings
+from sglang_iso.server import gate
 from sglang_iso.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +20,8 @@ RUNTIME = ROOT / "python" / "sglang_iso"
 SETTINGS_VARS = (
     envvars.TENANTS_FILE, envvars.METRICS_AUTH, envvars.REQUIRE_TENANT_CACHE, envvars.KV_SCRUB,
     envvars.KV_OWNER_CHECK, envvars.AUDIT_LOG, envvars.L3_DIR, envvars.L3_MAX_BYTES, envvars.PD_DRAIN_TIMEOUT_S,
-    envvars.NGRAM_CORPUS, envvars.NGRAM_NS_CAPACITY, envvars.NGRAM_MAX_NAMESPACES, envvars.TESTING,
+    envvars.BODY_TIMEOUT_S, envvars.MAX_BODY_READS, envvars.NGRAM_CORPUS, envvars.NGRAM_NS_CAPACITY,
+    envvars.NGRAM_MAX_NAMESPACES, envvars.TESTING,
     envvars.TEST_PLUGINS,
 )  # fmt: skip
 
@@ -30,6 +32,7 @@ def test_defaults_are_the_hardened_ones() -> None:
     assert s.tenants_file is None and s.audit_log is None and s.l3_dir is None and s.l3_max_bytes is None
     assert s.pd_drain_timeout_s == float(envvars.PD_DRAIN_TIMEOUT_S.default or "nan")
     assert s.ngram_ns_capacity == int(envvars.NGRAM_NS_CAPACITY.default or 0) > 0
+    assert (s.body_timeout_s, s.max_body_reads) == (gate.BODY_TIMEOUT_S, gate.MAX_BODY_READS)  # the gate's own
     assert not s.require_tenant_cache and not s.testing and s.test_plugins == ()
     assert s.scrub_mode == "on-free" and s.tenants() is None
 
@@ -43,6 +46,8 @@ def test_values_are_read() -> None:
             envvars.NGRAM_CORPUS.name: "shared",
             envvars.L3_MAX_BYTES.name: " 4096 ",
             envvars.PD_DRAIN_TIMEOUT_S.name: "2.5",
+            envvars.BODY_TIMEOUT_S.name: "7.5",
+            envvars.MAX_BODY_READS.name: "8",
             envvars.REQUIRE_TENANT_CACHE.name: "1",
             envvars.TEST_PLUGINS.name: " a.b , ,c ",
             envvars.TENANTS_FILE.name: "/etc/t.toml",
@@ -51,6 +56,7 @@ def test_values_are_read() -> None:
     assert not s.kv_scrub and not s.kv_owner_check and not s.metrics_need_admin and s.ngram_corpus_shared
     assert (s.l3_max_bytes, s.pd_drain_timeout_s, s.require_tenant_cache) == (4096, 2.5, True)
     assert s.test_plugins == ("a.b", "c") and s.tenants_file == "/etc/t.toml" and s.scrub_mode == "off"
+    assert (s.body_timeout_s, s.max_body_reads) == (7.5, 8)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +71,8 @@ def test_values_are_read() -> None:
         (envvars.PD_DRAIN_TIMEOUT_S, "-1"),
         (envvars.PD_DRAIN_TIMEOUT_S, "nan"),
         (envvars.PD_DRAIN_TIMEOUT_S, "inf"),
+        (envvars.BODY_TIMEOUT_S, "0"),
+        (envvars.MAX_BODY_READS, "-3"),
         (envvars.NGRAM_NS_CAPACITY, "lots"),
         (envvars.NGRAM_MAX_NAMESPACES, "0"),
         (envvars.REQUIRE_TENANT_CACHE, "yes"),

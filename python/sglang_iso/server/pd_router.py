@@ -34,7 +34,7 @@ import sys
 import uuid
 from typing import Any
 
-from sglang_iso import envvars
+from sglang_iso import envvars, settings
 from sglang_iso.server import pd_samples
 from sglang_iso.server.gate import STATE_TENANT, Message, Receive, ReloadableKeys, Scope, Send, TenantGate
 from sglang_iso.server.pd_rules import ROUTER_TENANT_PATHS, parallel_samples
@@ -77,6 +77,10 @@ def run(argv: list[str]) -> int:
             f"sglang-iso router: environment variable {ours.router_key_env} must hold a key whose SHA-256 is listed "
             f"as router_key_sha256 in {ours.tenants_file}"
         )
+    try:
+        limits = settings.current()
+    except settings.SettingsError as exc:
+        raise SystemExit(f"sglang-iso router: {exc}") from None
     inner = _loopback_port()
     # NOTE: sglang-router takes its key only on the command line; it listens on loopback only.
     launcher = "import sys; from sglang_iso.cli import run_plain_router; sys.exit(run_plain_router(sys.argv[1:]))"
@@ -84,7 +88,12 @@ def run(argv: list[str]) -> int:
            *ours.rest]  # fmt: skip
     router = subprocess.Popen(cmd)
     try:
-        app = TenantGate(RouterProxy(f"http://127.0.0.1:{inner}", key), ReloadableKeys(index))
+        app = TenantGate(
+            RouterProxy(f"http://127.0.0.1:{inner}", key),
+            ReloadableKeys(index),
+            body_timeout_s=limits.body_timeout_s,
+            max_body_reads=limits.max_body_reads,
+        )
         uvicorn.run(app, host=ours.host, port=ours.port, log_level="warning")
     finally:
         router.terminate()

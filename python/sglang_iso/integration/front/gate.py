@@ -53,6 +53,8 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         internal_key=front.internal_key,
         on_start=lambda: retention.start_sweeper(tokenizer_manager, front),
         metrics_need_admin=settings.metrics_need_admin,
+        body_timeout_s=settings.body_timeout_s,
+        max_body_reads=settings.max_body_reads,
         pd=pd_role(getattr(server_args, "disaggregation_mode", None),
                    getattr(server_args, "disaggregation_transfer_backend", None)),
     )  # fmt: skip
