@@ -289,11 +289,13 @@ class OwnerTable:
             zero_page=self.zero_page,
             total_tokens=int(total),
         )
-        packed = torch.stack([rows.to(torch.int32), counts])  # [2, B]
-        if packed.device.type == "cpu":
-            self._pending.append(_Pending(packed, None))
-            self.drain()
+        if counts.device.type == "cpu":
+            # NOTE: on CPU reading the counts back is free; only a refusal needs the bookkeeping.
+            if bool(counts.any()):
+                self._pending.append(_Pending(torch.stack([rows.to(torch.int32), counts]), None))
+                self.drain()
             return
+        packed = torch.stack([rows.to(torch.int32), counts])  # [2, B]
         host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.get_device_module(packed.device).Event()
