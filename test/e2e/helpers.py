@@ -9,6 +9,7 @@ import http.client
 import json
 import random
 import string
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,3 +206,59 @@ def assert_greedy_equal(output: list[int], reference: list[int], gaps: list[floa
         if got != want:
             assert gaps[i] < TIE_LOGPROB, (i, output, reference, gaps)
             return
+
+
+# ----------------------------------------------------------------------------------------- PD: router and workers
+
+
+CLIENT_TIMEOUT_S = 90.0
+"""How long a client waits for the PD router's answer."""
+
+
+def router_generate(router: ServerProcess, key: str, text: str, **extra: Any) -> tuple[int, Any]:
+    """``/generate`` through a router (8 greedy tokens); (status, body)."""
+    return router.post(
+        "/generate",
+        {"text": text, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, **extra},
+        headers=auth(key),
+        timeout_s=CLIENT_TIMEOUT_S,
+    )
+
+
+def router_ok(router: ServerProcess, key: str, text: str, **extra: Any) -> dict[str, Any]:
+    """:func:`router_generate` that must answer 200."""
+    status, out = router_generate(router, key, text, **extra)
+    assert status == 200, out
+    return dict(out)
+
+
+def until(check: Any, what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``check()`` every 0.3 s until it is true; TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
+
+
+def pd_state(server: ServerProcess, admin_key: str) -> dict[str, Any]:
+    """A PD worker's transfer guard (``GET /iso/pd``, first scheduler)."""
+    status, out = server.get_with("/iso/pd", auth(admin_key))
+    assert status == 200, out
+    return dict(out["pd"][0])
+
+
+def router_workers(router: ServerProcess, admin_key: str) -> list[dict[str, Any]]:
+    """The router's workers (``GET /workers``); empty when it does not answer."""
+    status, out = router.get_with("/workers", auth(admin_key))
+    return list(out.get("workers", [])) if status == 200 and isinstance(out, dict) else []
+
+
+def wait_for_router_workers(router: ServerProcess, admin_key: str, n: int, timeout_s: float = 120.0) -> None:
+    """Until the router reports ``n`` healthy workers."""
+    until(
+        lambda: sum(1 for w in router_workers(router, admin_key) if w.get("is_healthy")) >= n,
+        f"{n} healthy router workers",
+        timeout_s,
+    )

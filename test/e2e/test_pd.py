@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +26,16 @@ from sglang_iso_testing.process import ServerProcess, free_port
 from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
-from .helpers import auth, long_prompt
+from .helpers import (
+    CLIENT_TIMEOUT_S,
+    auth,
+    long_prompt,
+    pd_state,
+    router_generate,
+    router_ok,
+    until,
+    wait_for_router_workers,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -37,7 +45,6 @@ PD_ENV = {
     **pd_faults.plugin_env(),
     "SGLANG_ISO_PD_DRAIN_TIMEOUT_S": str(DRAIN_TIMEOUT_S),
 }
-CLIENT_TIMEOUT_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -75,44 +82,11 @@ def pd(tenants_file: Path, keys: dict[str, str]) -> Iterator[dict[str, ServerPro
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda s: s.start(timeout_s=400), (servers["prefill"], servers["decode"])))
         servers["router"].start(timeout_s=120)
-        _wait_for_workers(servers["router"], keys["admin"])
+        wait_for_router_workers(servers["router"], keys["admin"], 2)
         yield servers
     finally:
         for server in servers.values():
             server.stop()
-
-
-def _wait_for_workers(router: ServerProcess, admin_key: str, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    workers: Any = None
-    while time.monotonic() < deadline:
-        status, workers = router.get_with("/workers", auth(admin_key))
-        healthy = [w for w in workers.get("workers", []) if w.get("is_healthy")] if isinstance(workers, dict) else []
-        if status == 200 and len(healthy) >= 2:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"router workers: {workers!r}")
-
-
-def generate(router: ServerProcess, key: str, text: str, **extra: Any) -> tuple[int, Any]:
-    return router.post(
-        "/generate",
-        {"text": text, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, **extra},
-        headers=auth(key),
-        timeout_s=CLIENT_TIMEOUT_S,
-    )
-
-
-def ok(router: ServerProcess, key: str, text: str, **extra: Any) -> dict[str, Any]:
-    status, out = generate(router, key, text, **extra)
-    assert status == 200, out
-    return dict(out)
-
-
-def pd_state(server: ServerProcess, admin_key: str) -> dict[str, Any]:
-    status, out = server.get_with("/iso/pd", auth(admin_key))
-    assert status == 200, out
-    return dict(out["pd"][0])
 
 
 def command(server: ServerProcess, admin_key: str, name: str) -> bool:
@@ -138,10 +112,10 @@ def test_same_tenant_reuses_prefill_cache_other_tenant_misses(
     pd: dict[str, ServerProcess], keys: dict[str, str]
 ) -> None:
     prompt = long_prompt()
-    first = ok(pd["router"], keys["acme"], prompt)
-    again = ok(pd["router"], keys["acme"], prompt)
+    first = router_ok(pd["router"], keys["acme"], prompt)
+    again = router_ok(pd["router"], keys["acme"], prompt)
     assert again["meta_info"]["cached_tokens"] > 0, again["meta_info"]  # positive control: prefill-side reuse
-    other = ok(pd["router"], keys["globex"], prompt)
+    other = router_ok(pd["router"], keys["globex"], prompt)
     assert other["meta_info"]["cached_tokens"] == 0, other["meta_info"]
     assert first["output_ids"] == again["output_ids"] == other["output_ids"]  # the KV decode received is right
     prefill = pd_state(pd["prefill"], keys["admin"])
@@ -152,13 +126,13 @@ def test_same_tenant_reuses_prefill_cache_other_tenant_misses(
 
 def test_forged_namespace_is_refused_before_commit(pd: dict[str, ServerProcess], keys: dict[str, str]) -> None:
     prompt = long_prompt()
-    reference = ok(pd["router"], keys["acme"], prompt)["output_ids"]
+    reference = router_ok(pd["router"], keys["acme"], prompt)["output_ids"]
     before = pd_state(pd["decode"], keys["admin"])["tag_violations"]
     assert command(pd["prefill"], keys["admin"], pd_faults.COMMAND + "forge")
-    status, out = generate(pd["router"], keys["acme"], prompt)
+    status, out = router_generate(pd["router"], keys["acme"], prompt)
     assert status != 200, out
     assert pd_state(pd["decode"], keys["admin"])["tag_violations"] == before + 1
-    assert ok(pd["router"], keys["acme"], prompt)["output_ids"] == reference  # positive control: serves again
+    assert router_ok(pd["router"], keys["acme"], prompt)["output_ids"] == reference  # positive control: serves again
 
 
 def test_aborted_transfer_never_hands_a_page_to_another_request(
@@ -166,47 +140,38 @@ def test_aborted_transfer_never_hands_a_page_to_another_request(
 ) -> None:
     admin = keys["admin"]
     prompts = [long_prompt() for _ in range(3)]
-    references = [ok(pd["router"], keys["globex"], p)["output_ids"] for p in prompts]
+    references = [router_ok(pd["router"], keys["globex"], p)["output_ids"] for p in prompts]
     assert command(pd["decode"], admin, pd_faults.COMMAND + "stall")
     result: dict[str, Any] = {}
     stalled = threading.Thread(
-        target=lambda: result.update(out=generate(pd["router"], keys["acme"], long_prompt(), rid="stalled"))
+        target=lambda: result.update(out=router_generate(pd["router"], keys["acme"], long_prompt(), rid="stalled"))
     )
     stalled.start()
-    _until(lambda: pd_state(pd["decode"], admin)["transfers_in_flight"] > 0, "the stalled transfer")
+    until(lambda: pd_state(pd["decode"], admin)["transfers_in_flight"] > 0, "the stalled transfer")
     status, out = pd["decode"].post("/abort_request", {"rid": "acme.stalled"}, headers=auth(admin))
     assert status == 200, out
     stalled.join(CLIENT_TIMEOUT_S)
     assert result["out"][0] != 200, result
     # The late write landed after the abort; no drain is ever reported: the pages time out, quarantined.
-    _until(lambda: pd_state(pd["decode"], admin)["transfers_timed_out"] == 1, "the drain timeout")
+    until(lambda: pd_state(pd["decode"], admin)["transfers_timed_out"] == 1, "the drain timeout")
     state = pd_state(pd["decode"], admin)
     assert state["quarantined_pages"] > 0 and state["timed_out_pages"] == state["quarantined_pages"], state
     assert command(pd["decode"], admin, pd_faults.COMMAND + "check_poison")
     # Other requests, a pool flush in between, never get those pages: outputs as before, poison untouched.
     for prompt, reference in zip(prompts, references, strict=True):
-        assert ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
+        assert router_ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
     # NOTE: SGLang flushes only an idle scheduler (400 otherwise); the decode worker may still be retiring the
     # last request's transfer state for a moment after its response.
-    _until(lambda: pd["decode"].post("/flush_cache", {}, headers=auth(admin))[0] == 200, "an idle decode flush")
+    until(lambda: pd["decode"].post("/flush_cache", {}, headers=auth(admin))[0] == 200, "an idle decode flush")
     for prompt, reference in zip(prompts, references, strict=True):
-        assert ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
+        assert router_ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
     assert command(pd["decode"], admin, pd_faults.COMMAND + "check_poison")
     # The operator reclaims them: released through the scrubber; requests still read their own KV.
     status, out = pd["decode"].post("/iso/pd/reclaim", {}, headers=auth(admin))
     assert status == 200 and out["pd"][0]["quarantined_pages"] == 0, out
     assert out["pd"][0]["reclaimed_pages_total"] == state["quarantined_pages"]
     for prompt, reference in zip(prompts, references, strict=True):
-        assert ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
-
-
-def _until(check: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"waited {timeout_s:.0f}s for {what}")
+        assert router_ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
 
 
 def test_prefill_abort_keeps_pages_quarantined_through_a_tenant_flush(
@@ -215,21 +180,23 @@ def test_prefill_abort_keeps_pages_quarantined_through_a_tenant_flush(
     """The incident's prefill half: an aborted request's pages may still be read by the engine."""
     admin, prefill = keys["admin"], pd["prefill"]
     prompts = [long_prompt() for _ in range(2)]
-    references = [ok(pd["router"], keys["globex"], p)["output_ids"] for p in prompts]
+    references = [router_ok(pd["router"], keys["globex"], p)["output_ids"] for p in prompts]
     assert command(prefill, admin, pd_faults.COMMAND + "stall")
-    stalled = threading.Thread(target=generate, args=(pd["router"], keys["acme"], long_prompt()), kwargs={"rid": "ps"})
+    stalled = threading.Thread(
+        target=router_generate, args=(pd["router"], keys["acme"], long_prompt()), kwargs={"rid": "ps"}
+    )
     stalled.start()
-    _until(lambda: pd_state(prefill, admin)["transfers_in_flight"] > 0, "the stalled prefill transfer")
+    until(lambda: pd_state(prefill, admin)["transfers_in_flight"] > 0, "the stalled prefill transfer")
     assert prefill.post("/abort_request", {"rid": "acme.ps"}, headers=auth(admin))[0] == 200
     stalled.join(CLIENT_TIMEOUT_S)
-    _until(lambda: pd_state(prefill, admin)["transfers_timed_out"] == 1, "the prefill drain timeout")
+    until(lambda: pd_state(prefill, admin)["transfers_timed_out"] == 1, "the prefill drain timeout")
     # The aborted request's KV went to acme's cache; flushing acme frees it, but the quarantine holds it back.
     status, out = prefill.post("/iso/flush", {"tenant": "acme"}, headers=auth(admin))
     assert status == 200 and out["flushed"], out
     state = pd_state(prefill, admin)
     assert state["quarantined_pages"] > 0, state
     for prompt, reference in zip(prompts, references, strict=True):
-        assert ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
+        assert router_ok(pd["router"], keys["globex"], prompt)["output_ids"] == reference
     assert command(prefill, admin, pd_faults.COMMAND + "check_poison")  # none of them was handed out
     status, out = prefill.post("/iso/pd/reclaim", {}, headers=auth(admin))
     assert status == 200 and out["pd"][0]["quarantined_pages"] == 0, out
