@@ -195,7 +195,8 @@ class Soak:
             raise SoakFailure("no free req_to_token row (rows leak)")
         row, n = rows[0], int(value.numel())
         self.rows.req_to_token[row, :n] = value.to(self.rows.req_to_token.dtype)
-        self.owners.check_window(torch.tensor([row]), torch.tensor([n]), torch.tensor([done]), n)
+        window = torch.tensor([[row], [n], [done]])  # one tensor made, three views: rows, ends, write starts
+        self.owners.check_window(window[0], window[1], window[2], n)
         self.rows.free_rows([row])
 
     def _pick_tenant(self) -> str:
@@ -318,9 +319,11 @@ class Soak:
         n = int(slots.numel())
         idx = slots.to(torch.int64)
         self.kv.k_buffer[0][idx, 0] = torch.tensor([self._code(tenant), 1.0, 0.0, 0.0])
-        positions = torch.arange(start, start + n, dtype=torch.float32)
-        self.kv.v_buffer[0][idx, 0] = torch.stack([torch.tensor(tokens[start : start + n], dtype=torch.float32),
-                                                   positions, torch.zeros(n), torch.ones(n)], dim=1)  # fmt: skip
+        values = torch.zeros((n, 4), dtype=torch.float32)  # token, position, 0, 1
+        values[:, 0] = torch.tensor(tokens[start : start + n], dtype=torch.float32)
+        torch.arange(start, start + n, out=values[:, 1])
+        values[:, 3] = 1.0
+        self.kv.v_buffer[0][idx, 0] = values
 
     def _alloc(self, need: int) -> torch.Tensor | None:
         for attempt in range(3):
