@@ -34,6 +34,17 @@ if ! command -v promtool >/dev/null 2>&1; then
     echo "warning: promtool is missing (apt-get install prometheus): the alert-rule tests will be skipped" >&2
   fi
 fi
+# Headless Chromium renders the evidence report to PDF (`sglang-iso evidence --pdf`), and the test that checks the
+# page as a browser lays it out needs it.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+      || echo "warning: could not install chromium: the evidence rendering test will be skipped" >&2
+  else
+    echo "warning: chromium is missing (apt-get install chromium): the evidence rendering test will be skipped" >&2
+  fi
+fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --no-deps -r requirements/runtime.txt
 "${PIP[@]}" -r requirements/dev.txt

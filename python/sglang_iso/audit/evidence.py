@@ -2,15 +2,18 @@
 
     sglang-iso evidence --tenants-file tenants.toml [--base-url URL --admin-key-env VAR]
                         [--audit-json sglang-iso-audit/audit.json] [--leak-fuzz-json fuzz.json] [--out-dir DIR]
+                        [--pdf [--browser PATH]]
 
-Writes ``evidence.json``, ``evidence.md`` and ``evidence.html`` to ``--out-dir``. Sections: the configuration
+Writes ``evidence.json``, ``evidence.md`` and ``evidence.html`` to ``--out-dir``, and with ``--pdf`` the HTML page
+rendered by a headless Chromium into ``evidence.pdf``. Sections: the configuration
 checked (tenants, cache policies, quotas, retention; no key hash or secret), what the server refuses at start (the
 coverage table), the live server's isolation counters per rank (``/get_server_info``, ``/iso/tenants``,
 ``/iso/check``), the side-channel audit's verdicts (``sglang-iso audit``), the leak fuzzer's result
-(``benchmark/leak_fuzz.py --json``), and the checks: each requirement with its source (OWASP AISVS 5.5.5, L2: KV
-cache partitioned by authenticated tenant identity, no cross-principal prefix sharing; and the demands behind this
-project: full cache identity, scrub on reuse, auditable hits, adversarial tests, bounded retention), its status and
-the evidence lines it rests on. A status is ``pass``, ``fail``, ``not shown`` (the input that would show it was not
+(``benchmark/leak_fuzz.py --json``), and the checks: each requirement with its sources (AISVS controls and the
+demands behind this project: full cache identity, scrub on reuse, auditable hits, adversarial tests, bounded
+retention), its status and
+the evidence lines it rests on; then the OWASP AISVS 1.0 controls these checks show (see ``CONTROLS``), each with
+the worst status of its checks. A status is ``pass``, ``fail``, ``not shown`` (the input that would show it was not
 given) or ``not configured``. Exit codes: 0 no check failed, 1 a check failed, 2 bad arguments or an unreadable input.
 """
 
@@ -20,6 +23,8 @@ import argparse
 import html
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 import urllib.error
@@ -33,9 +38,36 @@ from sglang_iso import coverage, envvars
 from sglang_iso.tenancy.config import ConfigError, TenantsConfig, load_tenants_file
 
 Status = Literal["pass", "fail", "not shown", "not configured"]
-AISVS_5_5_5 = (
-    "OWASP AISVS 5.5.5 (L2): KV cache partitioned by authenticated tenant identity, no cross-principal sharing"
-)
+_WORST: tuple[Status, ...] = ("fail", "not shown", "not configured", "pass")
+
+
+@dataclass(frozen=True)
+class Control:
+    """One requirement of OWASP AISVS 1.0 (github.com/OWASP/AISVS, ``1.0/en``) and the checks that show it."""
+
+    id: str
+    level: int
+    text: str
+    checks: tuple[str, ...]
+
+
+CONTROLS = (
+    Control("AISVS 5.6.1", 2, "Inference-time KV-cache entries are partitioned by authenticated session or tenant "
+            "identity; automatic prefix caching does not share cached prefixes across distinct security principals "
+            "(numbered 5.5.5 in earlier drafts)", ("E1", "E4", "E5")),
+    Control("AISVS 5.6.2", 2, "Shared model serving infrastructure prevents one tenant's inference from influencing "
+            "or observing another tenant's operations through shared model state", ("E1", "E2", "E4")),
+    Control("AISVS 4.7.4", 2, "Accelerator memory is zeroed between jobs and tenants; no cross-tenant data remanence",
+            ("E2",)),
+    Control("AISVS 12.2.1", 1, "Deletion requests propagate to derived caches within a service-level window",
+            ("E6",)),
+)  # fmt: skip
+"""The controls mapped; a control's status is the worst of its checks' (``fail`` before ``not shown``, ...)."""
+
+
+def _sources(check_id: str, *demands: str) -> tuple[str, ...]:
+    """The AISVS controls that list ``check_id``, then the demands it answers."""
+    return (*(f"OWASP {c.id} (L{c.level})" for c in CONTROLS if check_id in c.checks), *demands)
 
 
 @dataclass(frozen=True)
@@ -137,13 +169,13 @@ def _partitioning(
         if fuzz.get("leaks"):
             status = "fail"
     return Check("E1", "The prefix cache is partitioned by authenticated tenant identity; nothing crosses tenants",
-                 (AISVS_5_5_5, "demand: tenant isolation, full cache identity"), status, tuple(lines))  # fmt: skip
+                 _sources("E1", "demand: tenant isolation, full cache identity"), status, tuple(lines))  # fmt: skip
 
 
 def _scrub(ranks: list[dict[str, Any]]) -> Check:
     if not ranks:
         return Check("E2", "Freed KV pages are zeroed before reuse; a wrong index reads zeros",
-                     ("demand: scrub on reuse",), "not shown", ("no live server given",))  # fmt: skip
+                     _sources("E2", "demand: scrub on reuse"), "not shown", ("no live server given",))  # fmt: skip
     lines: list[str] = []
     status: Status = "pass"
     for i, tree in enumerate(ranks):
@@ -154,13 +186,13 @@ def _scrub(ranks: list[dict[str, Any]]) -> Check:
         if tree.get("kv_scrub") != "on-free" or tree.get("kv_owner_check") != "on":
             status = "fail"
     return Check("E2", "Freed KV pages are zeroed before reuse; a wrong index reads zeros",
-                 ("demand: scrub on reuse",), status, tuple(lines))  # fmt: skip
+                 _sources("E2", "demand: scrub on reuse"), status, tuple(lines))  # fmt: skip
 
 
 def _auditable(server: dict[str, Any] | None) -> Check:
     req = "Every cache hit is attributed to a tenant and counted"
     if server is None:
-        return Check("E3", req, ("demand: auditable hits",), "not shown", ("no live server given",))
+        return Check("E3", req, _sources("E3", "demand: auditable hits"), "not shown", ("no live server given",))
     rows = server.get("tenants", {}).get("tenants", {})
     lines = [
         f"{tenant}: {row.get('served', {}).get('requests', 0)} requests, "
@@ -171,7 +203,7 @@ def _auditable(server: dict[str, Any] | None) -> Check:
     unverified = server.get("tenants", {}).get("unverified_tags", [])
     lines.append(f"unverified tags per rank: {unverified}")
     status: Status = "pass" if rows and not any(unverified) else "fail"
-    return Check("E3", req, ("demand: auditable hits",), status, tuple(lines))
+    return Check("E3", req, _sources("E3", "demand: auditable hits"), status, tuple(lines))
 
 
 def _adversarial(audit: dict[str, Any] | None, fuzz: dict[str, Any] | None) -> Check:
@@ -179,7 +211,9 @@ def _adversarial(audit: dict[str, Any] | None, fuzz: dict[str, Any] | None) -> C
     lines: list[str] = []
     status: Status = "pass"
     if audit is None and fuzz is None:
-        return Check("E4", req, ("demand: adversarial tests",), "not shown", ("no audit or leak-fuzz result given",))
+        return Check(
+            "E4", req, _sources("E4", "demand: adversarial tests"), "not shown", ("no audit or leak-fuzz result given",)
+        )
     if audit is not None:
         for r in audit.get("results", []):
             lines.append(f"audit scope {r.get('scope')}: {r.get('verdict')} (KS p={r.get('p_value')})")
@@ -199,15 +233,17 @@ def _adversarial(audit: dict[str, Any] | None, fuzz: dict[str, Any] | None) -> C
     else:
         lines.append("leak fuzz: not given")
         status = "fail" if status == "fail" else "not shown"
-    return Check("E4", req, ("demand: adversarial tests",), status, tuple(lines))
+    return Check("E4", req, _sources("E4", "demand: adversarial tests"), status, tuple(lines))
 
 
 def _integrity(server: dict[str, Any] | None) -> Check:
     req = "The tenant tree's invariants hold on every rank"
     if server is None:
-        return Check("E5", req, ("demand: tenant isolation",), "not shown", ("no live server given",))
+        return Check("E5", req, _sources("E5", "demand: tenant isolation"), "not shown", ("no live server given",))
     ok = bool(server.get("check", {}).get("integrity_ok"))
-    return Check("E5", req, ("demand: tenant isolation",), "pass" if ok else "fail", (f"/iso/check: {ok}",))
+    return Check(
+        "E5", req, _sources("E5", "demand: tenant isolation"), "pass" if ok else "fail", (f"/iso/check: {ok}",)
+    )
 
 
 def _retention(config: dict[str, Any], ranks: list[dict[str, Any]]) -> Check:
@@ -220,7 +256,7 @@ def _retention(config: dict[str, Any], ranks: list[dict[str, Any]]) -> Check:
     if any("l3_written_pages" in tree for tree in ranks):
         lines.append("L3 files: AES-256-GCM per tenant key (format v3)")
     status: Status = "pass" if len(limited) == len(config["tenants"]) else "not configured"
-    return Check("E6", req, ("demand: bounded retention, provable deletion",), status, tuple(lines))
+    return Check("E6", req, _sources("E6", "demand: bounded retention, provable deletion"), status, tuple(lines))
 
 
 def _scope(audit: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
@@ -243,6 +279,7 @@ def build(
 ) -> dict[str, Any]:
     """The whole report as JSON-safe data."""
     conf = configuration(config)
+    found = checks(conf, server, audit, fuzz)
     return {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "configuration": conf,
@@ -251,8 +288,20 @@ def build(
         "server": server,
         "audit": None if audit is None else {"results": audit.get("results", [])},
         "leak_fuzz": fuzz,
-        "checks": [asdict(c) for c in checks(conf, server, audit, fuzz)],
+        "checks": [asdict(c) for c in found],
+        "controls": controls(found),
     }
+
+
+def controls(found: Sequence[Check]) -> list[dict[str, Any]]:
+    """Each AISVS control of :data:`CONTROLS` with the worst status of its checks."""
+    status = {c.id: c.status for c in found}
+    out = []
+    for control in CONTROLS:
+        mine = [status[i] for i in control.checks if i in status]
+        worst = min(mine, key=_WORST.index) if len(mine) == len(control.checks) else "fail"
+        out.append({**asdict(control), "status": worst})
+    return out
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -260,6 +309,10 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["| id | requirement | source | status |", "|---|---|---|---|"]
     for c in report["checks"]:
         lines.append(f"| {c['id']} | {c['requirement']} | {'; '.join(c['sources'])} | **{c['status']}** |")
+    lines += ["", "## OWASP AISVS 1.0 controls", "", "| control | level | requirement | checks | status |"]
+    lines.append("|---|---|---|---|---|")
+    for c in report["controls"]:
+        lines.append(f"| {c['id']} | L{c['level']} | {c['text']} | {', '.join(c['checks'])} | **{c['status']}** |")
     for c in report["checks"]:
         lines += ["", f"### {c['id']}: {c['status']}", "", *(f"- {e}" for e in c["evidence"])]
     conf = report["configuration"]
@@ -296,6 +349,12 @@ def html_page(report: dict[str, Any]) -> str:
         "<tr>" + "".join(cell(t[k]) for k in ("id", "cache", "api_keys", "quota_tokens", "cache_ttl_seconds")) + "</tr>"
         for t in report["configuration"]["tenants"]
     )
+    controls = "".join(
+        f'<tr class="{html.escape(c["status"].replace(" ", "-"))}">'
+        + "".join(cell(v) for v in (c["id"], f"L{c['level']}", c["text"], ", ".join(c["checks"]), c["status"]))
+        + "</tr>"
+        for c in report["controls"]
+    )
     refused = "".join(f"<li>{html.escape(r['feature'])}</li>" for r in report["refused_at_start"])
     style = "table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px}.fail{background:#fdd}"
     return (
@@ -304,10 +363,46 @@ def html_page(report: dict[str, Any]) -> str:
         f"<h1>sglang-iso evidence report</h1><p>Generated {html.escape(report['generated_at'])}</p>"
         f'<h2>Checks</h2><table id="checks"><tr><th>id</th><th>requirement</th><th>source</th><th>status</th>'
         f"<th>evidence</th></tr>{rows}</table>"
+        f'<h2>OWASP AISVS 1.0 controls</h2><table id="controls"><tr><th>control</th><th>level</th>'
+        f"<th>requirement</th><th>checks</th><th>status</th></tr>{controls}</table>"
         f"<h2>Tenants</h2><table><tr><th>tenant</th><th>cache</th><th>keys</th><th>quota</th>"
         f"<th>idle retention s</th></tr>{tenants}</table>"
         f"<h2>Refused at start</h2><ul>{refused}</ul></body></html>\n"
     )
+
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+RENDER_TIMEOUT_S = 120.0
+
+
+def find_browser(given: str | None = None) -> str | None:
+    """``given`` when it is an executable, else the first of :data:`BROWSERS` on PATH; None when there is none."""
+    if given is not None:
+        return shutil.which(given)
+    return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+
+
+def _headless(browser: str) -> list[str]:
+    # NOTE: Chromium refuses to run as root with its sandbox on; the page is our own static HTML, no script
+    sandbox = ["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    return [browser, "--headless", "--disable-gpu", "--no-first-run", *sandbox]
+
+
+def render_pdf(browser: str, page: Path, out: Path) -> None:
+    """Render ``page`` with headless Chromium into the PDF ``out``; raises when Chromium fails or writes nothing."""
+    out.unlink(missing_ok=True)
+    cmd = [*_headless(browser), "--no-pdf-header-footer", f"--print-to-pdf={out.resolve()}", page.resolve().as_uri()]
+    done = subprocess.run(cmd, capture_output=True, timeout=RENDER_TIMEOUT_S, check=False)
+    if done.returncode != 0 or not out.is_file() or out.read_bytes()[:5] != b"%PDF-":
+        tail = done.stderr.decode(errors="replace")[-400:]
+        raise subprocess.SubprocessError(f"{browser} exited {done.returncode} without a PDF: {tail}")
+
+
+def rendered_dom(browser: str, page: Path) -> str:
+    """The DOM of ``page`` after headless Chromium has loaded and laid it out."""
+    done = subprocess.run([*_headless(browser), "--dump-dom", page.resolve().as_uri()], capture_output=True,
+                          timeout=RENDER_TIMEOUT_S, check=True)  # fmt: skip
+    return done.stdout.decode()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -319,7 +414,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--audit-json", type=Path, default=None, help="audit.json of `sglang-iso audit`")
     parser.add_argument("--leak-fuzz-json", type=Path, default=None, help="the --json output of leak_fuzz.py")
     parser.add_argument("--out-dir", type=Path, default=Path("sglang-iso-evidence"))
+    parser.add_argument("--pdf", action="store_true", help="also render evidence.html to evidence.pdf (Chromium)")
+    parser.add_argument("--browser", default=None, help="the headless Chromium to render with (default: on PATH)")
     args = parser.parse_args(argv)
+    browser = find_browser(args.browser) if args.pdf else None
+    if args.pdf and browser is None:
+        print(
+            "sglang-iso evidence: --pdf needs Chromium (apt-get install chromium, or --browser PATH)", file=sys.stderr
+        )
+        return 2
     try:
         config = load_tenants_file(args.tenants_file)
         audit = json.loads(args.audit_json.read_text()) if args.audit_json else None
@@ -339,7 +442,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out_dir / "evidence.json").write_text(json.dumps(report, indent=2, sort_keys=True))
     (args.out_dir / "evidence.md").write_text(markdown(report))
     (args.out_dir / "evidence.html").write_text(html_page(report))
+    if browser is not None:
+        try:
+            render_pdf(browser, args.out_dir / "evidence.html", args.out_dir / "evidence.pdf")
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"sglang-iso evidence: --pdf: {exc}", file=sys.stderr)
+            return 2
     for c in report["checks"]:
         print(f"{c['id']} {c['status']:<14} {c['requirement']}")
-    print(f"written to {args.out_dir}/evidence.{{json,md,html}}")
+    print(f"written to {args.out_dir}/evidence.{{json,md,html{',pdf' if browser else ''}}}")
     return 1 if any(c["status"] == "fail" for c in report["checks"]) else 0

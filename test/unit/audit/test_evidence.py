@@ -121,8 +121,84 @@ def test_cli_writes_three_formats_without_any_secret(made: TenantsFile, tmp_path
     parsed = _Cells()
     parsed.feed(texts["html"])
     assert parsed.rows >= 1 + 6 + 1 + 2  # header and 6 checks, header and 2 tenants
-    assert "OWASP AISVS 5.5.5" in texts["md"] and "acme" in "".join(parsed.text)
+    assert "| AISVS 5.6.1 | L2 |" in texts["md"] and "acme" in "".join(parsed.text)
     bad = tmp_path / "fuzz-bad.json"
     bad.write_text(json.dumps({**FUZZ, "leaks": 3}))
     assert evidence.main([*argv[:4], "--leak-fuzz-json", str(bad), "--out-dir", str(out)]) == 1
     assert evidence.main(["--tenants-file", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_a_control_takes_the_worst_status_of_its_checks(made: TenantsFile) -> None:
+    good = evidence.build(load_tenants_file(made.path), server=_server(), audit=_audit(), fuzz=dict(FUZZ))
+    assert {c["id"]: c["status"] for c in good["controls"]} == dict.fromkeys(
+        ("AISVS 5.6.1", "AISVS 5.6.2", "AISVS 4.7.4", "AISVS 12.2.1"), "pass"
+    )
+    scrub_off = _broken(("ranks", 0, "tree_cache", "kv_scrub"), "off")  # fails E2: 5.6.2 and 4.7.4 list it
+    bad = evidence.build(load_tenants_file(made.path), server=scrub_off, audit=_audit(), fuzz=dict(FUZZ))
+    failing = {c["id"] for c in bad["controls"] if c["status"] == "fail"}
+    assert failing == {"AISVS 5.6.2", "AISVS 4.7.4"}
+    bare = evidence.build(load_tenants_file(made.path))  # no server or test result: not shown, never pass
+    statuses = {c["id"]: c["status"] for c in bare["controls"]}
+    assert statuses.pop("AISVS 12.2.1") == "pass"  # shown by the tenants file alone: every tenant has a retention
+    assert set(statuses.values()) == {"not shown"}
+    for check in bad["checks"]:  # each check names the controls that list it
+        listed = {f"OWASP {c.id} (L{c.level})" for c in evidence.CONTROLS if check["id"] in c.checks}
+        assert listed <= set(check["sources"]), check
+
+
+BROWSER = evidence.find_browser()
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium (apt-get install chromium; scripts/install.sh)")
+def test_the_page_renders_in_a_headless_browser_and_prints_to_pdf(made: TenantsFile, tmp_path: Path) -> None:
+    import pypdf
+
+    assert BROWSER is not None
+    out = tmp_path / "out"
+    bad = tmp_path / "fuzz.json"
+    bad.write_text(json.dumps({**FUZZ, "leaks": 2}))
+    argv = ["--tenants-file", str(made.path), "--leak-fuzz-json", str(bad), "--out-dir", str(out), "--pdf"]
+    assert evidence.main(argv) == 1  # a leak fails E1
+    report = json.loads((out / "evidence.json").read_text())
+    dom = _Rows()
+    dom.feed(evidence.rendered_dom(BROWSER, out / "evidence.html"))  # the page as the browser built it
+    assert dom.rows["checks"] == [(c["id"], c["status"]) for c in report["checks"]]
+    assert dom.rows["controls"] == [(c["id"], c["status"]) for c in report["controls"]]
+    assert ("E1", "fail") in dom.rows["checks"]
+    pages = pypdf.PdfReader(out / "evidence.pdf").pages
+    text = " ".join(page.extract_text() for page in pages)
+    for needle in ("sglang-iso evidence report", "AISVS 5.6.1", "acme", "globex", "2 leaks"):
+        assert needle in text, needle
+    config = load_tenants_file(made.path)
+    assert config.secret.hex() not in text
+    assert evidence.main([*argv[:-1], "--pdf", "--browser", str(tmp_path / "no-such-browser")]) == 2
+
+
+class _Rows(HTMLParser):
+    """(first cell, status cell) of each body row of the tables ``checks`` and ``controls``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, list[tuple[str, str]]] = {"checks": [], "controls": []}
+        self._table: str | None = None
+        self._cells: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self._table = dict(attrs).get("id")
+        elif tag == "tr" and self._table in self.rows:
+            self._cells = []
+        elif tag == "td" and self._cells is not None:
+            self._cells.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr" and self._table in self.rows and self._cells:
+            status = self._cells[3] if self._table == "checks" else self._cells[4]
+            self.rows[self._table].append((self._cells[0], status))
+            self._cells = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cells:
+            self._cells[-1] += data
