@@ -122,3 +122,35 @@ def test_the_evidence_report_reads_the_live_server(setup: tuple[ServerProcess, T
                         "E6": "not configured"}, report["checks"]  # fmt: skip
     with pytest.raises(OSError, match="HTTP 403"):
         evidence.fetch_server(server.base_url, made.keys["initech"])  # a tenant key reads no counters
+
+
+def test_a_request_shortens_its_own_retention_and_only_its_owners(
+    setup: tuple[ServerProcess, TenantsFile, Path],
+) -> None:
+    """``X-Cache-TTL-Seconds``: initech (no configured limit) asks for 2 s on a request; its cache goes 2 s after
+    it was last used, while globex (no limit, idle as long) keeps hitting; a bad value is a 400 naming the header
+    and changes nothing."""
+    server, made, audit_log = setup
+    initech, globex = auth(made.keys["initech"]), made.keys["globex"]
+    initech_text, globex_text = long_prompt(), long_prompt()
+    generate(server, globex, globex_text)
+    status, out = server.post("/generate", {"text": initech_text}, headers={**initech, "X-Cache-TTL-Seconds": "0"})
+    assert status == 400 and out["error"]["param"] == "x-cache-ttl-seconds", out
+    assert _tenants(server, made)["initech"]["retention"]["asked_ttl_seconds"] is None  # refused: nothing asked
+    body = {"text": initech_text, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    status, out = server.post("/generate", body, headers={**initech, "X-Cache-TTL-Seconds": "2"})
+    assert status == 200, out
+    assert generate(server, made.keys["initech"], initech_text)["cached_tokens"] > 0  # positive control: still cached
+    assert _tenants(server, made)["initech"]["retention"]["asked_ttl_seconds"] == 2
+
+    deadline = time.monotonic() + 30
+    while _tenants(server, made)["initech"]["retention"]["expired_idle"] == 0:
+        assert time.monotonic() < deadline, "initech's cache was not dropped after the retention it asked for"
+        time.sleep(0.5)
+    rows = _tenants(server, made)
+    assert rows["initech"]["ranks"][0]["resident_tokens"] == 0
+    assert rows["initech"]["retention"]["asked_ttl_seconds"] is None  # the ask ended with the drop
+    assert generate(server, made.keys["initech"], initech_text)["cached_tokens"] == 0  # dropped: a miss
+    assert generate(server, globex, globex_text)["cached_tokens"] > 0  # control: globex unaffected
+    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
+    assert any(e.get("event") == "cache_expired" and e["owner"] == "initech" for e in events)

@@ -484,3 +484,46 @@ def test_a_flushed_tenants_files_cannot_be_decrypted_even_with_the_secret(tmp_pa
     assert attacker.name("t:acme:1", b"d") == name
     assert attacker.read("t:acme:1", b"d") is None and attacker.bad_files == 1
     assert st.write("t:acme:1", b"d", b"acme-kv2") and st.read("t:acme:1", b"d") == b"acme-kv2"  # control
+
+
+def test_erasing_a_reader_of_a_shared_prefix_drops_its_continuations_and_keeps_the_operators_prefix(
+    tmp_path: Path,
+) -> None:
+    """acme and globex read the operator's prefix ``sys``: erasing acme drops acme's continuations in every tier
+    (device, host, L3) and pins nothing: the shared prefix is the operator's, and globex (and acme, anew) still
+    read it; globex's own continuation stays (control)."""
+    from sglang_iso.identity.tags import NamespaceResolver, make_tag
+    from sglang_iso.integration.host_cache import SHARED_L3_OWNER
+    from sglang_iso.integration.shared_prefixes import SCOPE
+    from sglang_iso.integration.tenant_cache import TenantPolicy, TenantRadixCache
+    from test.integration.test_host_cache import _params
+
+    base, allocator, kv = make(4)
+    secret = b"k" * 32
+    resolver = NamespaceResolver(secret)
+    cache = TenantRadixCache(_params(base), resolver, {o: TenantPolicy(None, "private") for o in ("acme", "globex")})
+    cache.scrubber = base.scrubber
+    cache.host = HostCache(cache, 64)
+    cache.host.l3 = FileL3Store(tmp_path, secret, FINGERPRINT, cache.host.page_bytes, l3_owner_of(resolver))
+    cache.tree.set_spill(cache.host.spill)
+    head = list(range(600, 608))
+    cache.tree.declare_shared("sys", head, frozenset({"acme", "globex"}), scope=SCOPE)
+    acme, globex = make_tag(secret, "acme", "a" * 64), make_tag(secret, "globex", "b" * 64)
+    acme_tail, globex_tail = [*head, 11, 12, 13, 14], [*head, 21, 22, 23, 24]
+    store(cache, allocator, kv, acme_tail, acme)
+    store(cache, allocator, kv, globex_tail, globex)
+    cache.evict(EvictParams(num_tokens=16))  # all of it to host and L3
+    assert cached(cache, acme_tail, acme).device_prefix_len == len(acme_tail)  # positive control, from host
+    cache.evict(EvictParams(num_tokens=16))
+    assert cache.host.l3 is not None
+    shared_pages = cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"]
+    assert shared_pages == 2 and cache.tenant_stats()["acme"]["host_resident_tokens"] == 4
+
+    receipt = cache.erase_owner("acme")
+    assert receipt["host_tokens_dropped"] == 4 and receipt["l3_files_deleted"] == 1, receipt
+    assert receipt["device_tokens_held"] == 0
+    assert cache.tenant_stats()["acme"]["host_resident_tokens"] == 0
+    assert cache.host.l3.owner_stats(SHARED_L3_OWNER)["l3_resident_pages"] == shared_pages  # the operator's prefix
+    assert cached(cache, acme_tail, acme).device_prefix_len == len(head)  # acme: the prefix, not its continuation
+    assert cached(cache, globex_tail, globex).device_prefix_len == len(globex_tail)  # control: globex keeps its own
+    assert cache.check_integrity()

@@ -14,7 +14,9 @@ task and sees what the gate records). It is the outermost layer of the app:
   (JSON object, depth, forbidden fields, token ids, logprob counts, request ids
   moved into the tenant's id space); an encoded body is refused (415). The
   tenant gets a slot from :class:`~sglang_iso.server.admission.Admission` or 429.
-  The tenant id is stored in ``scope["state"]``.
+  The tenant id is stored in ``scope["state"]``, and so is the idle retention the request asks for with
+  ``X-Cache-TTL-Seconds`` (a whole number of seconds, 1 to ``MAX_ASKED_TTL_S``; anything else gets 400 naming
+  the header): it can only shorten the tenant's retention (:mod:`sglang_iso.server.retention`).
 * The PD router's key (``router_key_sha256``) reads worker info and forwards
   generation for the tenant its request ids name (in the body, or ``X-Request-ID`` for a
   body without ids: :mod:`sglang_iso.server.pd_rules`);
@@ -57,6 +59,19 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 STATE_TENANT = "sglang_iso_tenant"
+STATE_CACHE_TTL = "sglang_iso_cache_ttl"
+CACHE_TTL_HEADER = "x-cache-ttl-seconds"
+MAX_ASKED_TTL_S = 2**31 - 1
+
+
+def asked_ttl(value: str) -> int | None:
+    """The seconds an ``X-Cache-TTL-Seconds`` value asks for, or None when it is not 1..``MAX_ASKED_TTL_S``."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:
+        return None
+    seconds = int(text)
+    return seconds if 1 <= seconds <= MAX_ASKED_TTL_S else None
+
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
 INTERNAL_PATHS = frozenset({"/freeze_gc"})
@@ -266,6 +281,15 @@ class TenantGate:
                     send, 400, "forbidden_header", f"Header {header!r} is not allowed: {why}.", param=header
                 )
                 return
+        ttl = headers.get(CACHE_TTL_HEADER)
+        asked = asked_ttl(ttl) if ttl is not None else None
+        if ttl is not None and asked is None:
+            await self._error(
+                send, 400, "invalid_header",
+                f"Header {CACHE_TTL_HEADER!r} must be a whole number of seconds from 1 to {MAX_ASKED_TTL_S}.",
+                param=CACHE_TTL_HEADER,
+            )  # fmt: skip
+            return
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             await self._error(
@@ -312,6 +336,8 @@ class TenantGate:
                 return
             slot = _Slot(self.admission, tenant)
         scope.setdefault("state", {})[STATE_TENANT] = tenant
+        if asked is not None:
+            scope["state"][STATE_CACHE_TTL] = asked
         app_receive, app_send = _replay(checked, receive), send
         meter: _Meter | None = None
         if verdict is not None and self.rates is not None:

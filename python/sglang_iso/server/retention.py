@@ -7,6 +7,10 @@ Two limits per namespace owner (a tenant, or a group: the strictest of its membe
     cache_max_age_seconds  absolute lifetime: at most this long after the owner's first use since its last
                            drop, the owner's cache is dropped, whatever its traffic
 
+A client may shorten, never extend, its own retention: a request with ``X-Cache-TTL-Seconds: N`` makes the owner's
+idle retention at most N seconds until the owner's cache is next dropped (:meth:`Retention.shorten`); a value above
+the configured limit changes nothing. The owner is the namespace owner, so a group member shortens its group's.
+
 The drop is the tenant flush (``POST /iso/flush``), sent to every scheduler by the sweeper
 (:mod:`sglang_iso.integration.front.retention`), so every rank drops at the same point of its loop. Entries a running
 request holds are kept until it ends (they are locked); the next drop after it takes them. Pure bookkeeping,
@@ -69,6 +73,7 @@ class Retention:
         self._activity: dict[str, _Activity] = {}
         self.expired: dict[str, dict[str, int]] = {}
         """Owner -> drops done, by reason (``idle``, ``max_age``)."""
+        self._asked: dict[str, int] = {}  # owner -> the shortest idle retention its requests asked for since a drop
         self._seed()
 
     def replace_limits(self, limits: Mapping[str, Policy]) -> None:
@@ -85,9 +90,28 @@ class Retention:
                 act = self._activity[owner] = _Activity()
                 act.first_use = act.last_done = now
 
+    def tracks(self, owner: str) -> bool:
+        """Whether ``owner``'s requests are tracked: it has a limit, configured or asked for."""
+        return owner in self.limits or owner in self._asked
+
+    def shorten(self, owner: str, ttl_s: int) -> None:
+        """A request of ``owner`` asked for an idle retention of at most ``ttl_s`` seconds (> 0): it applies until
+        the owner's cache is next dropped; a longer one than the limit in force changes nothing.
+
+        Mutates: the owner's asked limit (only ever down).
+        """
+        had = self._asked.get(owner)
+        self._asked[owner] = ttl_s if had is None else min(had, ttl_s)
+
+    def policy(self, owner: str) -> Policy:
+        """The limits in force for ``owner``: configured, with the idle limit lowered to what its requests asked."""
+        policy = self.limits.get(owner, Policy())
+        asked = self._asked.get(owner)
+        return policy if asked is None else Policy(_smallest(policy.ttl_s, asked), policy.max_age_s)
+
     def started(self, owner: str) -> None:
         """A request of ``owner`` entered the cache's path."""
-        if owner not in self.limits:
+        if not self.tracks(owner):
             return
         act = self._activity.setdefault(owner, _Activity())
         act.in_flight += 1
@@ -107,8 +131,8 @@ class Retention:
         now = self._clock()
         out = []
         for owner, act in sorted(self._activity.items()):
-            policy = self.limits.get(owner)
-            if policy is None or act.first_use is None:
+            policy = self.policy(owner)
+            if act.first_use is None:
                 continue
             if policy.max_age_s is not None and now - act.first_use >= policy.max_age_s:
                 out.append((owner, MAX_AGE))
@@ -122,6 +146,7 @@ class Retention:
         if act is None:
             return
         act.first_use = self._clock() if act.in_flight else None
+        self._asked.pop(owner, None)  # what was cached under the shorter limit is gone
         counts = self.expired.setdefault(owner, {IDLE: 0, MAX_AGE: 0})
         counts[reason] = counts.get(reason, 0) + 1
 
@@ -132,6 +157,7 @@ class Retention:
         return {
             "cache_ttl_seconds": policy.ttl_s,
             "cache_max_age_seconds": policy.max_age_s,
+            "asked_ttl_seconds": self._asked.get(owner),
             "expired_idle": counts.get(IDLE, 0),
             "expired_max_age": counts.get(MAX_AGE, 0),
         }
@@ -139,4 +165,5 @@ class Retention:
     def next_check_s(self) -> float:
         """How long the sweeper may sleep: a tenth of the shortest limit, between 0.1 s and 1 s."""
         limits = [s for p in self.limits.values() for s in (p.ttl_s, p.max_age_s) if s is not None]
+        limits += self._asked.values()
         return min(1.0, max(0.1, min(limits, default=10) / 10))

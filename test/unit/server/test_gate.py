@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sglang_iso.server.gate import STATE_TENANT, TenantGate
+from sglang_iso.server.gate import CACHE_TTL_HEADER, STATE_CACHE_TTL, STATE_TENANT, TenantGate
 from sglang_iso.tenancy.config import load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex, new_api_key
 from sglang_iso_testing.tenants import write_tenants_file
@@ -290,3 +290,15 @@ def test_slow_bodies_time_out_and_a_tenant_trickling_many_starves_no_one(tmp_pat
     assert first[0] == second[0] == 408 and first[1]["error"]["code"] == "body_timeout"
     assert again[0] == 200 and g._reading == {}
     assert len(seen) == 2  # globex's request and acme's last; no partial body ever reached the app
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "abc", "1e3", "3.5", "", "\uff11\uff12", "99999999999", str(2**31)])
+def test_a_bad_cache_ttl_header_is_400_naming_it(gate, value: str) -> None:  # type: ignore[no-untyped-def]
+    g, seen = gate
+    status, out, _ = call(g, "/generate", {"text": "x"}, key=KEYS["acme"], x_cache_ttl_seconds=value)
+    assert status == 400 and out["error"]["param"] == CACHE_TTL_HEADER, out
+    assert not seen
+    status, _, scope = call(g, "/generate", {"text": "x"}, key=KEYS["acme"], x_cache_ttl_seconds=" 30 ")  # control
+    assert status == 200 and scope["state"][STATE_CACHE_TTL] == 30
+    status, _, scope = call(g, "/generate", {"text": "x"}, key=KEYS["acme"])
+    assert status == 200 and STATE_CACHE_TTL not in scope["state"]  # no header: nothing asked

@@ -47,8 +47,8 @@ def test_idle_ttl_drops_only_after_the_last_request_ended_and_only_the_idle_owne
     r.finished("acme")
     clock.now += 5
     assert ("acme", IDLE) not in r.due()
-    assert r.state("acme") == {"cache_ttl_seconds": 10, "cache_max_age_seconds": None, "expired_idle": 2,
-                               "expired_max_age": 0}  # fmt: skip
+    assert r.state("acme") == {"cache_ttl_seconds": 10, "cache_max_age_seconds": None, "asked_ttl_seconds": None,
+                               "expired_idle": 2, "expired_max_age": 0}  # fmt: skip
 
 
 def test_max_age_drops_whatever_the_traffic() -> None:
@@ -118,3 +118,42 @@ def test_a_bad_retention_field_is_a_startup_error_naming_it(
     made = write_tenants_file(tmp_path, {"acme": fields}, **top)
     with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
         load_tenants_file(made.path)
+
+
+def test_a_request_may_shorten_its_owners_idle_retention_never_extend_it() -> None:
+    clock = Clock()
+    r = Retention({"acme": Policy(ttl_s=100, max_age_s=1000)}, clock)
+    r.dropped("acme", IDLE)  # start from a dropped cache
+    r.shorten("acme", 500)  # longer than configured: changes nothing
+    assert r.policy("acme") == Policy(ttl_s=100, max_age_s=1000)
+    r.shorten("acme", 5)
+    r.shorten("acme", 50)  # a later, longer ask does not undo the shorter one
+    assert r.policy("acme") == Policy(ttl_s=5, max_age_s=1000) and r.state("acme")["asked_ttl_seconds"] == 5
+    r.started("acme")
+    r.finished("acme")
+    clock.now += 4
+    assert r.due() == []
+    clock.now += 1
+    assert r.due() == [("acme", IDLE)]
+    r.dropped("acme", IDLE)
+    assert r.policy("acme") == Policy(ttl_s=100, max_age_s=1000)  # the ask ends with the cache cached under it
+    assert r.state("acme")["asked_ttl_seconds"] is None
+
+
+def test_an_owner_without_limits_is_tracked_once_a_request_asks() -> None:
+    clock = Clock()
+    r = Retention({}, clock)
+    r.started("initech")
+    r.finished("initech")
+    clock.now += 10_000
+    assert r.due() == [] and not r.tracks("initech")  # no limit, nothing asked: kept as long as pressure allows
+    r.shorten("initech", 3)
+    assert r.tracks("initech") and r.next_check_s() == pytest.approx(0.3)
+    r.started("initech")
+    clock.now += 10
+    assert r.due() == []  # in flight
+    r.finished("initech")
+    clock.now += 3
+    assert r.due() == [("initech", IDLE)]
+    r.dropped("initech", IDLE)
+    assert not r.tracks("initech") and r.due() == []

@@ -6,7 +6,7 @@ from typing import Any
 
 from sglang_iso.integration import lora
 from sglang_iso.integration.front import metrics, retention, state
-from sglang_iso.server.gate import STATE_TENANT
+from sglang_iso.server.gate import STATE_CACHE_TTL, STATE_TENANT
 from sglang_iso.settings import current as current_settings
 
 
@@ -29,8 +29,13 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
     if tenant is None:
         return outputs
     entry = front.config.tenants.get(tenant) if front is not None else None
-    if front is not None and entry is not None and (entry.group or entry.id) in front.retention.limits:
-        outputs = retention.track(outputs, entry.group or entry.id, front.retention)
+    if front is not None and entry is not None:
+        owner = entry.group or entry.id
+        asked = getattr(getattr(request, "state", None), STATE_CACHE_TTL, None) if request is not None else None
+        if isinstance(asked, int) and asked > 0:  # X-Cache-TTL-Seconds, checked by the gate
+            front.retention.shorten(owner, asked)
+        if front.retention.tracks(owner):
+            outputs = retention.track(outputs, owner, front.retention)
     if front is None and not metrics.enabled():
         return outputs
     namespace = metrics.short_namespace(getattr(obj, "extra_key", None))
