@@ -174,9 +174,18 @@ def test_a_prefill_killed_with_open_transfers_leaves_the_decode_pages_quarantine
     after = pd_state(decode, admin)
     assert after["quarantined_pages"] == held["quarantined_pages"], (held, after)
     assert after["tag_violations"] == before["tag_violations"], after
+    # An erase of acme on the decode cannot zero pages the dead peer might still write: its receipt counts them
+    # and is not complete; globex's transfers fence nothing (control).
+    status, receipt = decode.post("/iso/tenants/acme/erase", {}, headers=auth(admin))
+    assert status == 200 and receipt["erased"] and not receipt["complete"], receipt
+    assert receipt["totals"]["pd_pages_fenced"] >= held["timed_out_pages"] > 0, receipt
+    status, receipt = decode.post("/iso/tenants/globex/erase", {}, headers=auth(admin))
+    assert status == 200 and receipt["complete"] and receipt["totals"]["pd_pages_fenced"] == 0, receipt
     # The operator reclaims them: released through the scrubber; both tenants are still served right.
     status, out = decode.post("/iso/pd/reclaim", {}, headers=auth(admin))
     assert status == 200 and out["pd"][0]["quarantined_pages"] == 0, out
     assert out["pd"][0]["reclaimed_pages_total"] >= held["quarantined_pages"], out
+    status, receipt = decode.post("/iso/tenants/acme/erase", {}, headers=auth(admin))
+    assert status == 200 and receipt["complete"] and receipt["totals"]["pd_pages_fenced"] == 0, receipt
     for prompt, reference in zip(prompts, references, strict=True):
         assert router_ok(router, keys["acme"], prompt)["output_ids"] == reference

@@ -442,6 +442,7 @@ def test_erase_drops_every_tier_and_its_receipt_counts_what_each_held(tmp_path: 
         "device_tokens_held": 4,
         "host_tokens_dropped": 8,
         "l3_files_deleted": 2,
+        "pd_pages_fenced": 0,
     }, receipt
     assert receipt["device_pages_scrubbed"] >= 2  # the dropped 8 tokens' pages, zeroed now, not at a later hand-out
     for buf in [*kv.k_buffer, *kv.v_buffer]:

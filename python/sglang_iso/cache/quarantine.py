@@ -47,6 +47,7 @@ class _Transfer:
     deadline: float | None = None  # monotonic seconds; set when the transfer failed
     probe: DrainProbe | None = None
     failed_at: float | None = None
+    owner: str | None = None  # the namespace owner whose KV the pages carry (None: unknown)
     notes: dict[str, object] = field(default_factory=dict)
 
 
@@ -70,11 +71,12 @@ class PageQuarantine:
         self.reclaimed_pages = 0  # of those, handed back by an operator's reclaim
 
     # ------------------------------------------------------------------ transfer events
-    def fence(self, key: str, pages: Iterable[int]) -> None:
-        """Pages ``key`` may read or write from now on (called once per chunk; pages accumulate)."""
+    def fence(self, key: str, pages: Iterable[int], owner: str | None = None) -> None:
+        """Pages ``key`` may read or write from now on (called once per chunk; pages accumulate); ``owner``: whose
+        KV they carry (:meth:`owner_pages`)."""
         transfer = self._transfers.get(key)
         if transfer is None:
-            transfer = self._transfers[key] = _Transfer(set())
+            transfer = self._transfers[key] = _Transfer(set(), owner=owner)
             self.fenced_transfers += 1
         new = {int(p) for p in pages} - transfer.pages
         transfer.pages |= new
@@ -162,6 +164,12 @@ class PageQuarantine:
         """The pages ``key`` still fences, or None once it let go of them."""
         transfer = self._transfers.get(key)
         return None if transfer is None else frozenset(transfer.pages)
+
+    def owner_pages(self, owner: str) -> int:
+        """Pages fenced by ``owner``'s transfers (``"*"``: by any transfer): KV of the owner no erase can scrub
+        until the transfer lets go (then the allocator's release path zeroes them)."""
+        pages = {p for t in self._transfers.values() if owner in ("*", t.owner) for p in t.pages}
+        return len(pages)
 
     def held_count(self) -> int:
         """Pages freed by their owner and held back (not in the allocator's free list)."""

@@ -120,9 +120,9 @@ class PdGuard:
         tap.call_below(allocator_tap.RELEASE, Order.QUARANTINE, slots)
 
     # ------------------------------------------------------------------ events
-    def fence(self, key: str, slots: Any) -> None:
+    def fence(self, key: str, slots: Any, owner: str | None = None) -> None:
         pages = torch.as_tensor(slots).reshape(-1).to(torch.int64) // self.page_size
-        self.quarantine.fence(key, (int(p) for p in torch.unique(pages) if int(p) > 0))
+        self.quarantine.fence(key, (int(p) for p in torch.unique(pages) if int(p) > 0), owner)
 
     def succeeded(self, key: str) -> None:
         self._release_pages(self.quarantine.succeeded(key))
@@ -215,6 +215,17 @@ def _namespace(req: Any) -> str | None:
     return getattr(req, "extra_key", None)
 
 
+def _owner(req: Any) -> str | None:
+    """The namespace owner (tenant or group) whose KV ``req``'s pages carry; None when its tag does not verify."""
+    active = runtime.active()
+    extra_key = _namespace(req)
+    if active is None or not isinstance(extra_key, str):
+        return None
+    ns = active.cache.namespace_of_request(extra_key, None)
+    namespace = active.cache.namespace_of(ns) if ns is not None else None
+    return namespace.tenant if namespace is not None else None
+
+
 # ---------------------------------------------------------------------- prefill hooks
 def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **kwargs: Any) -> None:
     guard = runtime.pd_guard()
@@ -223,7 +234,7 @@ def after_send_kv_chunk(_result: Any, _scheduler: Any, req: Any, *args: Any, **k
     sent = int(getattr(req, "start_send_idx", 0) or 0)
     if sent > 0:
         row = _scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :sent]
-        guard.fence(transfer_key(req), row)
+        guard.fence(transfer_key(req), row, _owner(req))
         FAULTS.after_fence(guard, req.disagg_kv_sender, transfer_key(req))
 
 
@@ -288,7 +299,7 @@ def after_send_kv_metadata(_result: Any, queue: Any, decode_req: Any, kv_indices
     if guard is None or str(kw.get("destination", "")).lower().endswith("host"):
         return
     key = transfer_key(decode_req.req)
-    guard.fence(key, kv_indices)
+    guard.fence(key, kv_indices, _owner(decode_req.req))
     FAULTS.after_fence(guard, decode_req.kv_receiver, key)
 
 

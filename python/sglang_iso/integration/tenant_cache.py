@@ -319,7 +319,9 @@ class TenantRadixCache(BasePrefixCache):
 
         Device entries a running request holds stay until it ends (``device_tokens_held``); freed device pages are
         zeroed now with ``scrub_now`` (else at the next hand-out, as always); host pages are zeroed as they drop;
-        the owner's L3 files become unreadable (new key epoch) and those this server knows are deleted.
+        the owner's L3 files become unreadable (new key epoch) and those this server knows are deleted. On a PD
+        worker, pages a transfer of the owner still fences (``pd_pages_fenced``) are zeroed when it lets go of them
+        (drained, or reclaimed by the operator); until then the erase is not complete.
         """
         l3_files = self.host.forget_owner(owner) if self.host is not None else 0
         device = host = held = 0
@@ -335,6 +337,7 @@ class TenantRadixCache(BasePrefixCache):
             "device_tokens_held": held,
             "host_tokens_dropped": host,
             "l3_files_deleted": l3_files,
+            "pd_pages_fenced": self.pd_guard.quarantine.owner_pages(owner) if self.pd_guard is not None else 0,
         }
 
     def flush_adapter(self, lora_id: str) -> int:

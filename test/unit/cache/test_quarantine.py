@@ -118,3 +118,20 @@ def test_pool_clear_holds_fenced_pages() -> None:
 def test_bad_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="drain_timeout_s"):
         PageQuarantine(0)
+
+
+def test_pages_fenced_per_owner_until_the_transfer_lets_go() -> None:
+    q = PageQuarantine(drain_timeout_s=5.0)
+    q.fence("acme.r1@1", [3, 4], owner="acme")
+    q.fence("acme.r1@1", [5])  # a later chunk of the same transfer: still acme's
+    q.fence("globex.r2@2", [5, 6], owner="globex")  # page 5 fenced by both
+    q.fence("x@3", [9])  # no owner known: counted only under "*"
+    assert (q.owner_pages("acme"), q.owner_pages("globex"), q.owner_pages("initech")) == (3, 2, 0)
+    assert q.owner_pages("*") == 5
+    q.failed("acme.r1@1", lambda: False)  # failed, not drained: still fenced
+    assert q.owner_pages("acme") == 3
+    q.succeeded("globex.r2@2")
+    assert q.owner_pages("globex") == 0 and q.owner_pages("acme") == 3
+    q.failed("x@3", lambda: True)
+    q.poll()
+    assert q.owner_pages("*") == 3

@@ -52,7 +52,7 @@ async def erase(tokenizer_manager: Any, owner: str, tenant: str) -> dict[str, An
         "namespace_owner": owner,
         "erased_at": erased_at,
         "erased": ok,
-        "complete": ok and totals.get("device_tokens_held", 0) == 0,
+        "complete": ok and totals.get("device_tokens_held", 0) == 0 and totals.get("pd_pages_fenced", 0) == 0,
         "totals": totals,
         "ranks": ranks,
     }
