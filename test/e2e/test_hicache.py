@@ -29,14 +29,16 @@ import pytest
 from sglang_iso.models import tiny_model_path
 from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
 from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess
+from sglang_iso_testing.spec_plant import FREE_PAGES_ZERO
 from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
 
 pytestmark = pytest.mark.e2e
 
-KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "hooli", "admin")}
+KEYS = {name: new_api_key() for name in ("acme", "globex", "initech", "hooli", "umbrella", "admin")}
 DEVICE_TOKENS = "2048"
 SMALL_QUOTA = 96  # initech's host and L3 caps (tokens)
 SHARED_TEXT = " ".join(f"Clause {i}: answer in full sentences and cite the manual." for i in range(6))
@@ -56,7 +58,7 @@ def prompt(words: int) -> str:
 
 
 def write_tenants(d: Path) -> Path:
-    tenants: dict[str, dict[str, object]] = {"hooli": {}, "acme": {}, "globex": {}}
+    tenants: dict[str, dict[str, object]] = {"hooli": {}, "acme": {}, "globex": {}, "umbrella": {}}
     tenants["initech"] = {"host_quota_tokens": SMALL_QUOTA, "l3_quota_tokens": SMALL_QUOTA}
     policy = {"name": "policy", "text": SHARED_TEXT, "tenants": ["acme", "initech"]}
     # NOTE: a new secret each call
@@ -85,7 +87,8 @@ def start(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> Serv
         "file",
         "--enable-metrics",
         *extra,
-        env={UPSTREAM_DIR_ENV: str(workdir / "l3"), **(env or {})},
+        # NOTE: the test plugin answers the free-page check; it plants nothing unless armed
+        env={UPSTREAM_DIR_ENV: str(workdir / "l3"), **plant_env(), **(env or {})},
     ).start(timeout_s=400)
 
 
@@ -241,6 +244,38 @@ def test_shared_prefix_returns_from_the_host_for_its_readers_only(server: Server
     after = tree_status(server)
     assert after["host_shared_loaded_tokens"] >= before["host_shared_loaded_tokens"] + len(shared), after
     assert after["host_violations"] == 0 and after["owner_violations"] == 0, after
+
+
+def test_erase_drops_every_tier_and_the_receipt_counts_what_each_held(workdir: Path, server: ServerProcess) -> None:
+    """``POST /iso/tenants/umbrella/erase`` with umbrella's KV on the device, in host pages and in files: the receipt's
+    counts equal what /iso/tenants showed each tier holding, the files are gone from the directory, every free
+    device page is zero (the test plugin's check, with its self-test), umbrella misses in every tier afterwards,
+    and globex's own spilled prompt still hits (control)."""
+    admin = {"Authorization": f"Bearer {KEYS['admin']}"}
+    mine, theirs = prompt(50), prompt(50)
+    n = int(gen(server, "umbrella", mine)["prompt_tokens"])
+    gen(server, "globex", theirs)
+    for _ in range(8):  # umbrella's own filler pushes both prompts to the host and the files
+        gen(server, "umbrella", prompt(50))
+    held = wait_for(server, lambda s: s["umbrella"].get("l3_resident_tokens", 0) >= n // 2)["umbrella"]
+    assert held["host_resident_tokens"] >= n // 2 and held["resident_tokens"] > 0, held
+    files_before = len(list((workdir / "l3").glob("*.kv")))
+
+    status, receipt = server.post("/iso/tenants/umbrella/erase", {}, headers=admin)
+    assert status == 200 and receipt["erased"] and receipt["complete"], receipt
+    totals = receipt["totals"]
+    assert totals["device_tokens_dropped"] == held["resident_tokens"], (totals, held)
+    assert totals["host_tokens_dropped"] == held["host_resident_tokens"], (totals, held)
+    assert totals["l3_files_deleted"] > 0 and totals["device_pages_scrubbed"] > 0, totals
+    assert len(list((workdir / "l3").glob("*.kv"))) == files_before - totals["l3_files_deleted"]
+    after = stats(server)["umbrella"]
+    assert after["resident_tokens"] == after["host_resident_tokens"] == after["l3_resident_tokens"] == 0, after
+
+    for command, ok in ((FREE_PAGES_ZERO + ":selftest", True), (FREE_PAGES_ZERO, True)):
+        status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=admin)
+        assert status == 200 and out == [ok], (command, out)  # the self-test dirties a free page and finds it
+    assert gen(server, "umbrella", mine)["cached_tokens"] == 0  # device, host and files: all gone
+    assert gen(server, "globex", theirs)["cached_tokens"] >= n // 2  # control: globex's own, from its tier
 
 
 def test_restart_same_secret_hits_from_files_for_its_tenant_only(workdir: Path, server: ServerProcess) -> None:
