@@ -9,7 +9,8 @@ VERSION ?= 0.1.0
 
 install: $(STAMP)
 
-$(STAMP): requirements/runtime.txt requirements/dev.txt requirements/deploy.txt pyproject.toml scripts/install.sh
+$(STAMP): requirements/runtime.txt requirements/dev.txt requirements/deploy.txt pyproject.toml testing/pyproject.toml \
+		scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 
@@ -23,7 +24,7 @@ test-fast: install
 	$(PY) -m pytest -m "not e2e"
 
 lint: install
-	$(VENV)/bin/ruff check python test scripts benchmark examples sgl-kernel-patches
+	$(VENV)/bin/ruff check python testing test scripts benchmark examples sgl-kernel-patches
 	$(VENV)/bin/mypy
 
 image:

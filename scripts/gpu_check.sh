@@ -31,7 +31,7 @@ RESULTS="$RESULTS_DIR/$(basename "$RESULTS")"
 PYTHON="${PYTHON:-python3}"
 BUDGET_S="${BUDGET_S:-470}"
 SMOKE="${GPU_CHECK_CPU_SMOKE:-0}"
-export PYTHONPATH="$ROOT/python:$ROOT/sgl-kernel-patches:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT/python:$ROOT/testing:$ROOT/sgl-kernel-patches:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 START=$(date +%s)
 PASS=0 FAIL=0 SKIP=0

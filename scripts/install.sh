@@ -50,6 +50,9 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" -r requirements/dev.txt
 "${PIP[@]}" --no-deps -r requirements/deploy.txt
 "${PIP[@]}" --no-deps -e .
+# The test harness is a distribution of its own (testing/): tests, benchmarks and the demo use it; the image never
+# has it.
+"${PIP[@]}" --no-deps -e testing
 # CPU shims at interpreter start, so `import sglang` works in this environment like in any SGLang one.
 "$VENV/bin/python" -m sglang_iso.cli cpu-hook install
 # Smoke check: the plugin is discoverable and the CPU shims let SGLang import.
@@ -59,6 +62,6 @@ names = [ep.name for ep in entry_points(group="sglang.srt.plugins")]
 assert "sglang_iso" in names, f"sglang-iso plugin not registered: {names}"
 import sglang  # noqa: F401  (the interpreter-start hook applies the CPU shims)
 import sglang.srt.mem_cache.registry  # noqa: F401
-import sglang_iso_testing.process  # noqa: F401  (the test harness ships with the package)
+import sglang_iso_testing.process  # noqa: F401  (the test harness, installed from testing/)
 print("sglang-iso installed")
 PY

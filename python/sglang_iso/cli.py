@@ -43,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(rest)
     if command == "demo":
-        from sglang_iso_testing.demo import main as demo_main
-
+        try:
+            from sglang_iso_testing.demo import main as demo_main
+        except ImportError:
+            print("sglang-iso demo: needs the test harness (testing/, installed by `make install`)", file=sys.stderr)
+            return 2
         return demo_main(rest)
     if command == "audit":
         from sglang_iso.audit import main as audit_main

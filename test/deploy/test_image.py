@@ -76,6 +76,8 @@ def test_every_package_pyproject_maps_is_in_the_image(tmp_path: Path) -> None:
     assert not missing, f"packages the Dockerfile does not copy: {missing}"
     assert (tree / "python/sglang_iso/models/tiny-llama/model.safetensors").is_file()
     assert not list(tree.rglob("tenants.toml")) and not list(tree.rglob("*.key"))  # no secrets in the image
+    assert not list(tree.rglob("sglang_iso_testing")) and not list(tree.rglob("plant.py"))  # nor the test harness
+    assert "sglang_iso_testing" not in setup["packages"]
 
 
 def test_the_image_file_set_imports_the_runtime_and_its_kernels(tmp_path: Path) -> None:

@@ -90,7 +90,9 @@ def test_every_package_is_shipped_by_pyproject() -> None:
         for init in base.rglob("__init__.py")
     }
     assert present - listed == set()  # a package `pip install .` would silently leave out
-    assert "sglang_iso_testing" in listed
+    assert "sglang_iso_testing" not in listed  # the harness is its own distribution (testing/), not in the wheel
+    harness = tomllib.loads((ROOT / "testing" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert harness["packages"] == ["sglang_iso_testing"] and (ROOT / "testing/sglang_iso_testing/plant.py").is_file()
 
 
 def test_the_plugin_refuses_test_plugins_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
