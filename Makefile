@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sglang-iso-installed
 
-.PHONY: install demo test test-fast lint clean image image-gpu
+.PHONY: install demo test test-fast test-extended lint clean image image-gpu
 IMAGE ?= ghcr.io/example/sglang-iso
 VERSION ?= 0.1.0
 
@@ -21,7 +21,10 @@ test: install
 	$(PY) -m pytest
 
 test-fast: install
-	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m "not e2e and not extended"
+
+test-extended: install
+	$(PY) -m pytest -m extended
 
 lint: install
 	$(VENV)/bin/ruff check python testing test scripts benchmark examples sgl-kernel-patches

@@ -70,6 +70,7 @@ def test_the_cuda_set_pins_the_gpu_requirements_and_the_cpu_sglang() -> None:
     assert cuda["sglang"] == runtime["sglang"]  # the GPU image serves the SGLang the CPU tests run
 
 
+@pytest.mark.extended  # two minutes of pip resolving against PyPI; the pins are checked above
 @pytest.mark.skipif(not pypi_reachable(), reason="pypi.org:443 is not reachable from this machine")
 def test_pips_resolver_picks_exactly_the_cuda_set(tmp_path: Path) -> None:
     out = resolve(CUDA_SET, tmp_path / "report.json", tmp_path / "target")

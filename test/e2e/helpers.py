@@ -262,3 +262,19 @@ def wait_for_router_workers(router: ServerProcess, admin_key: str, n: int, timeo
         f"{n} healthy router workers",
         timeout_s,
     )
+
+
+def assert_free_pages_zero(server: ServerProcess, admin_key: str) -> None:
+    """Every free device page is zero (the test plugin's check, run after its self-test: it dirties a free page and
+    must find it). The server runs with :func:`plant_env`."""
+    from sglang_iso_testing.spec_plant import FREE_PAGES_ZERO
+
+    for command in (FREE_PAGES_ZERO + ":selftest", FREE_PAGES_ZERO):
+        status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(admin_key))
+        assert status == 200 and out == [True], (command, out)
+
+
+def audit_events(path: Path, event: str) -> list[dict[str, Any]]:
+    """The audit log's ``event`` records, oldest first."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in (json.loads(line) for line in lines if line.strip()) if e.get("event") == event]

@@ -31,10 +31,10 @@ from sglang_iso.server.hicache_args import UPSTREAM_DIR_ENV
 from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess
-from sglang_iso_testing.spec_plant import FREE_PAGES_ZERO
 from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
+from .helpers import assert_free_pages_zero
 
 pytestmark = pytest.mark.e2e
 
@@ -271,9 +271,7 @@ def test_erase_drops_every_tier_and_the_receipt_counts_what_each_held(workdir: P
     after = stats(server)["umbrella"]
     assert after["resident_tokens"] == after["host_resident_tokens"] == after["l3_resident_tokens"] == 0, after
 
-    for command, ok in ((FREE_PAGES_ZERO + ":selftest", True), (FREE_PAGES_ZERO, True)):
-        status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=admin)
-        assert status == 200 and out == [ok], (command, out)  # the self-test dirties a free page and finds it
+    assert_free_pages_zero(server, KEYS["admin"])
     assert gen(server, "umbrella", mine)["cached_tokens"] == 0  # device, host and files: all gone
     assert gen(server, "globex", theirs)["cached_tokens"] >= n // 2  # control: globex's own, from its tier
 

@@ -16,6 +16,7 @@ from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.tenants import write_tenants_file
 
 from .conftest import start_iso_server
+from .helpers import assert_free_pages_zero, audit_events, plant_env
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +33,8 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
         keys: dict[str, str | list[str]] = {**entries, "admin": admin}
         return write_tenants_file(staged, list(entries), keys=keys, secret=made.secret).path.read_text()
 
-    server = start_iso_server("--tenants-file", str(path))
+    audit_log = tmp_path / "audit.jsonl"
+    server = start_iso_server("--tenants-file", str(path), "--iso-audit-log", str(audit_log), env=plant_env())
     try:
         server.start()
 
@@ -70,13 +72,19 @@ def test_sighup_rotates_keys_and_adds_tenants(tmp_path: Path) -> None:
             row = info["internal_states"][0]["sglang_iso"]["tenants"].get(owner) or {}
             return int(row.get("resident_tokens") or 0)
 
-        assert resident("newco") > 0 and resident("acme") > 0
+        held = resident("newco")
+        assert held > 0 and resident("acme") > 0
         reload(tenants_toml({"acme": [new]}))  # step 3: newco leaves; its cache must not outlive it
         deadline = time.monotonic() + 30
-        while "removed tenant newco erased" not in server.log_text():
+        while not audit_events(audit_log, "tenant_removed_erased"):
             assert time.monotonic() < deadline, "the removed tenant's cache was not erased"
             time.sleep(0.5)
+        (receipt,) = audit_events(audit_log, "tenant_removed_erased")
+        assert receipt["namespace_owner"] == "newco" and receipt["complete"], receipt
+        assert receipt["totals"]["device_tokens_dropped"] == held, (receipt, held)  # what it held, all of it
+        assert receipt["totals"]["device_pages_scrubbed"] > 0, receipt
         assert gen(newco) == 401 and resident("newco") == 0
+        assert_free_pages_zero(server, admin)
         assert resident("acme") > 0  # control: the tenant that stays keeps its cache
     finally:
         server.stop()

@@ -9,7 +9,6 @@ tenant's cache at once and answers with a receipt of what each tier held.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from sglang_iso_testing.process import ServerProcess
 from sglang_iso_testing.tenants import TenantsFile, write_tenants_file
 
 from .conftest import start_iso_server
-from .helpers import auth, generate, long_prompt
+from .helpers import assert_free_pages_zero, audit_events, auth, generate, long_prompt, plant_env
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +31,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProc
     directory = tmp_path_factory.mktemp("retention")
     made = write_tenants_file(directory, {"acme": {"cache_ttl_seconds": TTL_S}, "globex": {}, "initech": {}})
     audit_log = directory / "audit.jsonl"
-    server = start_iso_server("--tenants-file", str(made.path), "--iso-audit-log", str(audit_log))
+    server = start_iso_server("--tenants-file", str(made.path), "--iso-audit-log", str(audit_log), env=plant_env())
     try:
         server.start()
         _wait_for_drop(server, made, 0)  # at start acme counts as just used: one drop a TTL later
@@ -66,19 +65,23 @@ def test_an_idle_tenants_cache_is_dropped_after_its_ttl_and_only_its(
     rows = _tenants(server, made)
     assert rows["acme"]["retention"]["cache_ttl_seconds"] == TTL_S
     assert rows["globex"]["retention"]["cache_ttl_seconds"] is None
-    assert rows["acme"]["ranks"][0]["resident_tokens"] > 0
+    held = rows["acme"]["ranks"][0]["resident_tokens"]
+    assert held > 0
 
     _wait_for_drop(server, made, before)
     rows = _tenants(server, made)
     assert rows["acme"]["ranks"][0]["resident_tokens"] == 0
     assert rows["globex"]["retention"]["expired_idle"] == 0 and rows["globex"]["ranks"][0]["resident_tokens"] > 0
+    expired = audit_events(audit_log, "cache_expired")
+    assert expired and all(e["owner"] == "acme" and e["reason"] == "idle" for e in expired), expired
+    totals = expired[-1]["totals"]  # the receipt of this drop: what acme held, erased, its pages zeroed
+    assert expired[-1]["complete"] and totals["device_tokens_dropped"] == held, (totals, held)
+    assert totals["device_pages_scrubbed"] > 0 and totals["device_tokens_held"] == 0, totals
+    assert_free_pages_zero(server, made.keys["admin"])
 
     assert generate(server, made.keys["acme"], acme_text)["cached_tokens"] == 0  # dropped: a miss
     assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] > 0  # control: globex unaffected
     assert generate(server, made.keys["acme"], acme_text)["cached_tokens"] > 0  # acme caches again afterwards
-    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
-    expired = [e for e in events if e.get("event") == "cache_expired"]
-    assert len(expired) >= 1 and all(e["owner"] == "acme" and e["reason"] == "idle" for e in expired), expired
 
 
 def test_erase_drops_one_tenants_cache_with_a_receipt(setup: tuple[ServerProcess, TenantsFile, Path]) -> None:
@@ -100,10 +103,10 @@ def test_erase_drops_one_tenants_cache_with_a_receipt(setup: tuple[ServerProcess
     assert receipt["tenant"] == "globex" and receipt["totals"]["device_tokens_dropped"] > 0, receipt
     assert receipt["totals"]["device_tokens_held"] == 0 and receipt["totals"]["device_pages_scrubbed"] > 0, receipt
     assert _tenants(server, made)["globex"]["ranks"][0]["resident_tokens"] == 0
+    assert_free_pages_zero(server, made.keys["admin"])
     assert generate(server, made.keys["globex"], globex_text)["cached_tokens"] == 0  # erased: a miss
     assert generate(server, made.keys["initech"], globex_other)["cached_tokens"] > 0  # control: initech keeps its own
-    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
-    erased = [e for e in events if e.get("event") == "tenant_erased"]
+    erased = audit_events(audit_log, "tenant_erased")
     assert [e["receipt_id"] for e in erased] == [receipt["receipt_id"]] and erased[0]["totals"] == receipt["totals"]
 
 
@@ -152,5 +155,4 @@ def test_a_request_shortens_its_own_retention_and_only_its_owners(
     assert rows["initech"]["retention"]["asked_ttl_seconds"] is None  # the ask ended with the drop
     assert generate(server, made.keys["initech"], initech_text)["cached_tokens"] == 0  # dropped: a miss
     assert generate(server, globex, globex_text)["cached_tokens"] > 0  # control: globex unaffected
-    events = [json.loads(line) for line in audit_log.read_text().splitlines() if line.strip()]
-    assert any(e.get("event") == "cache_expired" and e["owner"] == "initech" for e in events)
+    assert any(e["owner"] == "initech" for e in audit_events(audit_log, "cache_expired"))

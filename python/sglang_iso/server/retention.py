@@ -11,10 +11,10 @@ A client may shorten, never extend, its own retention: a request with ``X-Cache-
 idle retention at most N seconds until the owner's cache is next dropped (:meth:`Retention.shorten`); a value above
 the configured limit changes nothing. The owner is the namespace owner, so a group member shortens its group's.
 
-The drop is the tenant flush (``POST /iso/flush``), sent to every scheduler by the sweeper
-(:mod:`sglang_iso.integration.front.retention`), so every rank drops at the same point of its loop. Entries a running
-request holds are kept until it ends (they are locked); the next drop after it takes them. Pure bookkeeping,
-driven by a monotonic clock; not thread-safe (the HTTP process's event loop).
+The drop is the tenant erase (as ``POST /iso/tenants/{id}/erase``, with a receipt), sent to every scheduler by
+the sweeper (:mod:`sglang_iso.integration.front.retention`), so every rank drops at the same point of its loop.
+Entries a running request holds are kept until it ends (they are locked); the next drop after it takes them. Pure
+bookkeeping, driven by a monotonic clock; not thread-safe (the HTTP process's event loop).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The limits and the bookkeeping are :mod:`sglang_iso.server.retention`; this module feeds it from the requests
 (:func:`track`, wrapped around each tagged request's outputs) and runs the sweeper task (:func:`sweep`, started by
-the gate on the server's first ASGI event), which sends the tenant flush to every scheduler for each owner due,
-and erases the caches of owners a reload removed from the tenants file. :func:`erase` is also
+the gate on the server's first ASGI event), which erases (:func:`erase`: every tier, freed pages zeroed at once, a
+receipt) the cache of each owner due and of each owner a reload removed from the tenants file. :func:`erase` is also
 ``POST /iso/tenants/{id}/erase``.
 """
 
@@ -59,8 +59,8 @@ async def erase(tokenizer_manager: Any, owner: str, tenant: str) -> dict[str, An
 
 
 async def sweep(tokenizer_manager: Any, front: FrontState) -> None:
-    """Forever: erase the caches of owners removed from the tenants file, drop those whose retention passed (tenant
-    flush on every rank), then sleep a little."""
+    """Forever: erase the caches of owners removed from the tenants file and of those whose retention passed (each
+    audit-logged with its receipt), then sleep a little."""
     while True:
         await asyncio.sleep(front.retention.next_check_s())
         for owner in sorted(front.removed_owners):
@@ -75,16 +75,16 @@ async def sweep(tokenizer_manager: Any, front: FrontState) -> None:
                 observability.audit("tenant_removed_erased", **receipt)
         for owner, reason in front.retention.due():
             try:
-                results = await commands.send(tokenizer_manager, commands.flush(owner))
+                receipt = await erase(tokenizer_manager, owner, owner)
             except Exception:  # NOTE: the next sweep tries again; serving goes on
                 logger.exception("sglang-iso: retention drop of %s failed", owner)
                 continue
-            if not results or not all(results):
+            if not receipt["erased"]:
                 logger.error("sglang-iso: retention drop of %s not confirmed by every rank; retrying", owner)
                 continue
             front.retention.dropped(owner, reason)
-            logger.info("sglang-iso: cache of %s expired (%s): dropped in every tier", owner, reason)
-            observability.audit("cache_expired", owner=owner, reason=reason)
+            logger.info("sglang-iso: cache of %s expired (%s), erased: %s", owner, reason, receipt["totals"])
+            observability.audit("cache_expired", owner=owner, reason=reason, **receipt)
 
 
 def start_sweeper(tokenizer_manager: Any, front: FrontState) -> None:
