@@ -60,11 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     if command == "router":
         return _router(rest)
     if command == "keys":
-        from sglang_iso.tenancy.cli import keys_main
+        from sglang_iso.tenancy.operator_commands import keys_main
 
         return keys_main(rest)
     if command == "check-config":
-        from sglang_iso.tenancy.cli import check_config_main
+        from sglang_iso.tenancy.operator_commands import check_config_main
 
         return check_config_main(rest)
     if command == "cpu-hook":

@@ -79,3 +79,12 @@ def test_e2e_modules_share_helpers_not_each_other() -> None:
     }
     assert len(helpers) > 5, helpers  # positive control: the scanner sees the modules' relative imports
     assert not crossing, sorted(crossing)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's file name says what it holds, once: ``gate.py`` is the gate, not also the code installing it."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -17,7 +17,7 @@ from sglang_iso.names import (
     is_valid_tenant_id,
     shared_prefix_key,
 )
-from sglang_iso.tenancy.cli import check_config_main
+from sglang_iso.tenancy.operator_commands import check_config_main
 
 from .tenancy.conftest import ACME_HASH, GLOBEX_HASH, HEADER
 

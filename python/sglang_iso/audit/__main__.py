@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .cli import main
+from .runner import main
 
 raise SystemExit(main())

@@ -124,7 +124,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.entrypoints.http_server._setup_and_run_http_server",
         _BEFORE,
-        f"{_I}.front.gate:install_gate",
+        f"{_I}.front.install:install_gate",
         "front",
         _T,
     ),
@@ -135,7 +135,7 @@ HOOKS: tuple[Hook, ...] = (
         "front",
         _T,
     ),
-    Hook(f"{_TM}.generate_request", _AROUND, f"{_I}.front.tagging:tag_and_observe", "front", _T),
+    Hook(f"{_TM}.generate_request", _AROUND, f"{_I}.front.request_tags:tag_and_observe", "front", _T),
     Hook(f"{_TM}.update_weights_from_disk", _AROUND, f"{_I}.front.weights:after_weight_update", "front", _T),
     Hook(f"{_MIXIN}.update_weights_from_tensor", _AROUND, f"{_I}.front.weights:after_weight_update", "front", _T),
     Hook(f"{_MIXIN}.update_weights_from_distributed", _AROUND, f"{_I}.front.weights:after_weight_update", "front", _T),

@@ -12,7 +12,7 @@ idle retention at most N seconds until the owner's cache is next dropped (:meth:
 the configured limit changes nothing. The owner is the namespace owner, so a group member shortens its group's.
 
 The drop is the tenant erase (as ``POST /iso/tenants/{id}/erase``, with a receipt), sent to every scheduler by
-the sweeper (:mod:`sglang_iso.integration.front.retention`), so every rank drops at the same point of its loop.
+the sweeper (:mod:`sglang_iso.integration.front.sweeper`), so every rank drops at the same point of its loop.
 Entries a running request holds are kept until it ends (they are locked); the next drop after it takes them. Pure
 bookkeeping, driven by a monotonic clock; not thread-safe (the HTTP process's event loop).
 """

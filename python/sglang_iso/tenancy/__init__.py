@@ -3,7 +3,7 @@
 * :mod:`~sglang_iso.tenancy.config` -- load and validate the tenants file into frozen dataclasses.
 * :mod:`~sglang_iso.tenancy.secret` -- read the namespace secret (hex, base64 or raw) from a file or env var.
 * :mod:`~sglang_iso.tenancy.keys` -- mint and hash keys; resolve ``Authorization: Bearer`` to a principal.
-* :mod:`~sglang_iso.tenancy.cli` -- ``sglang-iso keys ...`` and ``sglang-iso check-config FILE``.
+* :mod:`~sglang_iso.tenancy.operator_commands` -- ``sglang-iso keys ...`` and ``sglang-iso check-config FILE``.
 * ``_locate`` / ``_validate`` -- private helpers: line numbers for errors, typed field checks.
 """
 

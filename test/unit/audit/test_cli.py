@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sglang_iso.audit import AuditConfig, main, run_audit
-from sglang_iso.audit.cli import plan_scopes
+from sglang_iso.audit.runner import plan_scopes
 
 from .fake_server import FakeCacheServer, serve
 

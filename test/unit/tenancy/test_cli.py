@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sglang_iso.tenancy import KeyIndex, Principal, key_sha256, load_tenants_file
-from sglang_iso.tenancy.cli import check_config_main, keys_main, main
+from sglang_iso.tenancy.operator_commands import check_config_main, keys_main, main
 
 from .conftest import ACME_HASH, ACME_KEY, VALID_BODY, WriteTenants
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_iso import observability
-from sglang_iso.integration.front import retention
+from sglang_iso.integration.front import sweeper
 from sglang_iso.integration.front.state import FrontState
 
 
@@ -82,7 +82,7 @@ def add_iso_routes(app: Any, tokenizer_manager: Any, front: FrontState) -> None:
         tenant = front.config.tenants.get(tenant_id)
         if tenant is None:
             return unknown_tenant(tenant_id, 404)
-        receipt = await retention.erase(tokenizer_manager, tenant.group or tenant.id, tenant.id)
+        receipt = await sweeper.erase(tokenizer_manager, tenant.group or tenant.id, tenant.id)
         observability.audit("tenant_erased", **receipt)
         return ORJSONResponse(receipt, status_code=200 if receipt["erased"] else 500)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_iso.integration import lora
-from sglang_iso.integration.front import metrics, retention, state
+from sglang_iso.integration.front import metrics, state, sweeper
 from sglang_iso.server.gate import STATE_CACHE_TTL, STATE_TENANT
 from sglang_iso.settings import current as current_settings
 
@@ -35,7 +35,7 @@ def tag_and_observe(original: Any, manager: Any, obj: Any, request: Any = None, 
         if isinstance(asked, int) and asked > 0:  # X-Cache-TTL-Seconds, checked by the gate
             front.retention.shorten(owner, asked)
         if front.retention.tracks(owner):
-            outputs = retention.track(outputs, owner, front.retention)
+            outputs = sweeper.track(outputs, owner, front.retention)
     if front is None and not metrics.enabled():
         return outputs
     namespace = metrics.short_namespace(getattr(obj, "extra_key", None))

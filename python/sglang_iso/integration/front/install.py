@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_iso.integration import lora
-from sglang_iso.integration.front import reload, retention, routes, state
+from sglang_iso.integration.front import reload, routes, state, sweeper
 from sglang_iso.server.admission import Admission, default_limit
 from sglang_iso.server.gate import ReloadableKeys, TenantGate
 from sglang_iso.server.pd_rules import pd_role
@@ -51,7 +51,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
         rates=rates,
         count_tokens=_token_counter(tokenizer_manager),
         internal_key=front.internal_key,
-        on_start=lambda: retention.start_sweeper(tokenizer_manager, front),
+        on_start=lambda: sweeper.start_sweeper(tokenizer_manager, front),
         metrics_need_admin=settings.metrics_need_admin,
         body_timeout_s=settings.body_timeout_s,
         max_body_reads=settings.max_body_reads,
