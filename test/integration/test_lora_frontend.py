@@ -11,8 +11,21 @@ from typing import Any
 import pytest
 
 from sglang_iso.integration import lora
+from sglang_iso.integration.front import state
 from sglang_iso.server.tagging import NamespaceTagger
 from sglang_iso.tenancy.config import Tenant, TenantsConfig
+
+
+@pytest.fixture(autouse=True)
+def front_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front-end state of its own per test: the adapter versions the hooks record into and resolve reads."""
+    monkeypatch.setattr(state, "_CURRENT", SimpleNamespace(adapter_versions=lora.AdapterVersions()))
+
+
+def resolve(manager: Any, allowed: Any, lora_path: object) -> lora.AdapterIdentity | None:
+    front = state.current()
+    assert front is not None
+    return lora.resolve(manager, allowed, lora_path, front.adapter_versions)
 
 
 def adapter_dir(root: Path, name: str, payload: bytes) -> Path:
@@ -44,39 +57,39 @@ def ref(name: str, path: Path | str | None, lora_id: str | None = None) -> Simpl
 def test_base_model_and_allowed_adapter(tmp_path: Path) -> None:
     refs = {"a": ref("a", adapter_dir(tmp_path, "a", b"1"))}
     m = manager(refs)
-    assert lora.resolve(m, {"a"}, None) is None
-    identity = lora.resolve(m, {"a"}, "a")
+    assert resolve(m, {"a"}, None) is None
+    identity = resolve(m, {"a"}, "a")
     assert identity is not None and identity.name == "a" and len(identity.version) == 64
-    assert lora.resolve(m, {"a"}, ["a", "a"]) == identity
+    assert resolve(m, {"a"}, ["a", "a"]) == identity
 
 
 @pytest.mark.parametrize(("lora_path", "status"), [("b", 403), (["a", "b"], 403), (5, 400), (["a", 5], 400)])
 def test_refused_with_status(tmp_path: Path, lora_path: object, status: int) -> None:
     m = manager({"a": ref("a", adapter_dir(tmp_path, "a", b"1")), "b": ref("b", adapter_dir(tmp_path, "b", b"2"))})
     with pytest.raises(lora.AdapterForbidden) as info:
-        lora.resolve(m, {"a"}, lora_path)
+        resolve(m, {"a"}, lora_path)
     assert info.value.status_code == status and "lora_path" in str(info.value.detail)
 
 
 def test_allowed_but_not_loaded_is_refused(tmp_path: Path) -> None:
     with pytest.raises(lora.AdapterNotLoaded, match="'gone' is not loaded") as info:
-        lora.resolve(manager({}), {"gone"}, "gone")
+        resolve(manager({}), {"gone"}, "gone")
     assert info.value.status_code == 400
 
 
 def test_mixed_list_binds_no_adapter_but_is_still_checked(tmp_path: Path) -> None:
     m = manager({"a": ref("a", adapter_dir(tmp_path, "a", b"1")), "b": ref("b", adapter_dir(tmp_path, "b", b"2"))})
-    assert lora.resolve(m, {"a", "b"}, ["a", "b"]) is None
-    assert lora.resolve(m, {"a"}, ["a", None]) is None
+    assert resolve(m, {"a", "b"}, ["a", "b"]) is None
+    assert resolve(m, {"a"}, ["a", None]) is None
 
 
 def test_lora_off_leaves_the_refusal_to_sglang() -> None:
-    assert lora.resolve(manager({}, enable_lora=False), {"a"}, "a") is None
+    assert resolve(manager({}, enable_lora=False), {"a"}, "a") is None
 
 
 def test_unhashable_adapter_gets_a_per_load_version() -> None:
     m = manager({"t": ref("t", "not/a/dir", "f" * 32)})
-    identity = lora.resolve(m, {"t"}, "t")
+    identity = resolve(m, {"t"}, "t")
     assert identity is not None and identity.version == "unhashed:" + "f" * 32
 
 
@@ -94,16 +107,16 @@ def test_load_records_content_and_unload_forgets_the_name(tmp_path: Path) -> Non
         return SimpleNamespace(success=True)
 
     asyncio.run(lora.after_load(load, m, SimpleNamespace(lora_name="x", lora_path=str(folder))))
-    v1 = lora.resolve(m, {"x"}, "x")
+    v1 = resolve(m, {"x"}, "x")
     asyncio.run(lora.after_unload(unload, m, SimpleNamespace(lora_name="x")))
     assert "x" not in refs
     assert m.sent == [{f"sglang_iso.flush_adapter:{loaded.lora_id}": 1}]  # its KV is released
     with pytest.raises(lora.AdapterNotLoaded):
-        lora.resolve(m, {"x"}, "x")
+        resolve(m, {"x"}, "x")
     (folder / "adapter_model.safetensors").write_bytes(b"v2")  # re-upload under the same name
     loaded = ref("x", folder)
     asyncio.run(lora.after_load(load, m, SimpleNamespace(lora_name="x", lora_path=str(folder))))
-    v2 = lora.resolve(m, {"x"}, "x")
+    v2 = resolve(m, {"x"}, "x")
     assert v1 is not None and v2 is not None and v1.version != v2.version
 
 
@@ -118,7 +131,7 @@ def test_files_changing_during_a_load_get_no_content_identity(tmp_path: Path) ->
         return SimpleNamespace(success=True)
 
     asyncio.run(lora.after_load(load, manager(refs), SimpleNamespace(lora_name="y", lora_path=str(folder))))
-    identity = lora.resolve(manager(refs), {"y"}, "y")
+    identity = resolve(manager(refs), {"y"}, "y")
     assert identity is not None and identity.version == f"unhashed:{loaded.lora_id}"
 
 
@@ -151,7 +164,7 @@ def test_adapter_sent_as_tensors_is_identified_by_its_content() -> None:
 
         obj = SimpleNamespace(lora_name="z", config_dict={"r": 8}, serialized_named_tensors=tensors)
         asyncio.run(lora.after_tensor_load(load, m, obj))
-        identity = lora.resolve(m, {"z"}, "z")
+        identity = resolve(m, {"z"}, "z")
         assert identity is not None
         return identity.version
 

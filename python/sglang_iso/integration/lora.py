@@ -9,8 +9,9 @@
   admin's unload also drops the name from that reload cache.
 * An adapter's identity for the namespace tag is its name plus the content hash
   of its files (:func:`sglang_iso.server.adapters.content_hash`), taken when it is
-  loaded and kept per load (SGLang's ``lora_id``). An adapter whose files cannot
-  be hashed gets a per-load identity: it never shares across loads.
+  loaded and kept per load (SGLang's ``lora_id``) in the front-end state's
+  :class:`AdapterVersions`. An adapter whose files cannot be hashed gets a
+  per-load identity: it never shares across loads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,42 @@ from sglang_iso.server import adapters
 
 logger = logging.getLogger(__name__)
 
-_versions: dict[str, str] = {}  # lora_id -> content hash of the files it was loaded from (or a per-load marker)
+
+class AdapterVersions:
+    """Load id (SGLang's ``lora_id``) -> content hash of the files it was loaded from, or ``unhashed:<lora_id>``.
+
+    One per HTTP process, owned by its front-end state
+    (:attr:`sglang_iso.integration.front.state.FrontState.adapter_versions`). Mutated on the event loop by the
+    load and unload hooks and by the first request naming a startup adapter.
+    """
+
+    def __init__(self) -> None:
+        self._by_load: dict[str, str] = {}
+
+    def of(self, lora_id: str, path: str | None) -> str:
+        """The version recorded for load ``lora_id`` (hashing ``path`` now if none was recorded)."""
+        version = self._by_load.get(lora_id)
+        if version is None:
+            # NOTE: startup adapters (--lora-paths) were loaded before any hook ran; hash them on first use.
+            version = self.record(lora_id, adapters.content_hash(path))
+        return version
+
+    def record(self, lora_id: str, content: str | None) -> str:
+        """Load ``lora_id`` read ``content`` (None: no stable content, a per-load identity); returns the version."""
+        version = self._by_load[lora_id] = content or f"unhashed:{lora_id}"
+        return version
+
+    def forget(self, lora_id: str) -> None:
+        """Load ``lora_id`` was unloaded."""
+        self._by_load.pop(lora_id, None)
+
+
+def _process_versions() -> AdapterVersions | None:
+    """This HTTP process's adapter versions; None without a tenants file (no tag binds an adapter then)."""
+    from sglang_iso.integration.front import state
+
+    front = state.current()
+    return front.adapter_versions if front is not None else None
 
 
 class AdapterIdentity(NamedTuple):
@@ -52,7 +88,9 @@ class AdapterNotLoaded(ValueError):
     status_code = 400
 
 
-def resolve(manager: Any, allowed: Collection[str], lora_path: object) -> AdapterIdentity | None:
+def resolve(
+    manager: Any, allowed: Collection[str], lora_path: object, versions: AdapterVersions
+) -> AdapterIdentity | None:
     """Check a request's (resolved) ``lora_path`` for its tenant; the identity its tag binds.
 
     Returns None for the base model, and for a list naming several adapters (or
@@ -83,22 +121,13 @@ def resolve(manager: Any, allowed: Collection[str], lora_path: object) -> Adapte
     if len(names) != 1 or not isinstance(single, list) or not all(single):
         return None
     ref = refs[names[0]]
-    return AdapterIdentity(names[0], version_of(str(ref.lora_id), getattr(ref, "lora_path", None)))
+    return AdapterIdentity(names[0], versions.of(str(ref.lora_id), getattr(ref, "lora_path", None)))
 
 
-def version_of(lora_id: str, path: str | None) -> str:
-    """The content version recorded for load ``lora_id`` (hashing ``path`` now if none was recorded)."""
-    version = _versions.get(lora_id)
-    if version is None:
-        # NOTE: startup adapters (--lora-paths) were loaded before any hook ran; hash them on first use.
-        version = _versions[lora_id] = adapters.content_hash(path) or f"unhashed:{lora_id}"
-    return version
-
-
-def prewarm(manager: Any) -> None:
+def prewarm(manager: Any, versions: AdapterVersions) -> None:
     """Hash the adapters loaded at startup, so the first request does not wait for it."""
     for ref in list(getattr(manager, "lora_ref_cache", {}).values()):
-        version_of(str(ref.lora_id), getattr(ref, "lora_path", None))
+        versions.of(str(ref.lora_id), getattr(ref, "lora_path", None))
 
 
 def after_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,11 +138,13 @@ def after_load(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any)
         before = await asyncio.to_thread(adapters.content_hash, path)
         result = await original(manager, obj, *args, **kwargs)
         ref = getattr(manager, "lora_ref_cache", {}).get(getattr(obj, "lora_name", None))
+        versions = _process_versions()
         if getattr(result, "success", False) and ref is not None:
             after = await asyncio.to_thread(adapters.content_hash, path)
             # NOTE: files that changed during the load may be half old, half new: no content identity then.
             stable = before if before is not None and before == after else None
-            _versions[str(ref.lora_id)] = stable or f"unhashed:{ref.lora_id}"
+            if versions is not None:
+                versions.record(str(ref.lora_id), stable)
             observability.audit("adapter_loaded", adapter=ref.lora_name, content=(stable or "unhashed")[:16])
         return result
 
@@ -127,8 +158,10 @@ def after_tensor_load(original: Any, manager: Any, obj: Any, *args: Any, **kwarg
         version = await asyncio.to_thread(adapters.tensors_hash, obj.config_dict, obj.serialized_named_tensors)
         result = await original(manager, obj, *args, **kwargs)
         ref = getattr(manager, "lora_ref_cache", {}).get(getattr(obj, "lora_name", None))
+        versions = _process_versions()
         if getattr(result, "success", False) and ref is not None:
-            _versions[str(ref.lora_id)] = version or f"unhashed:{ref.lora_id}"
+            if versions is not None:
+                versions.record(str(ref.lora_id), version)
             observability.audit("adapter_loaded", adapter=ref.lora_name, content=(version or "unhashed")[:16])
         return result
 
@@ -145,8 +178,10 @@ def after_unload(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: An
         refs = getattr(manager, "lora_ref_cache", None)
         if getattr(result, "success", False) and isinstance(refs, dict):
             ref = refs.pop(name, None)
+            versions = _process_versions()
             if ref is not None:
-                _versions.pop(str(ref.lora_id), None)
+                if versions is not None:
+                    versions.forget(str(ref.lora_id))
                 await _flush_load(manager, str(ref.lora_id))
             observability.audit("adapter_unloaded", adapter=name)
         return result

@@ -61,7 +61,7 @@ def install_gate(*args: Any, **kwargs: Any) -> None:
     front.rates = rates
     state.set_current(front)
     routes.add_iso_routes(http_server.app, tokenizer_manager, front)
-    lora.prewarm(tokenizer_manager)
+    lora.prewarm(tokenizer_manager, front.adapter_versions)
     reload.install_reload(keys, front)
     logger.info("sglang-iso: tenant gate installed for %d tenants", len(config.tenants))
 

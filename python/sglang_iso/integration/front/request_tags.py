@@ -58,7 +58,9 @@ def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
     if hasattr(obj, "lora_id"):
         obj.lora_id = None  # NOTE: SGLang sets it from lora_path; a client-chosen id would skip the allow-list
     entry = tagger.config.tenants.get(tenant) if tagger is not None and tenant is not None else None
-    adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None))
+    versions = front.adapter_versions if front is not None else lora.AdapterVersions()  # no front: no tag either
+    adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None),
+                           versions)  # fmt: skip
     tag = None
     if tenant is not None and tagger is not None:
         salt = getattr(obj, "cache_salt", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_iso.integration.front import metrics
+from sglang_iso.integration.lora import AdapterVersions
 from sglang_iso.server.rate_limits import RateLimiter
 from sglang_iso.server.retention import Retention, policies
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
@@ -39,6 +40,9 @@ class FrontState:
         """Owners (tenants, groups) a reload removed whose caches are still to be erased (by the sweeper)."""
         self.sweeper: Any = None
         """The task dropping expired caches (started with the server's event loop)."""
+        self.adapter_versions = AdapterVersions()
+        """The content version of each loaded adapter (:mod:`sglang_iso.integration.lora`): part of the tag of a
+        request naming it."""
         self.internal_key: str | None = None
         """The key of this process's calls to itself (the gate's ``internal_key``; set when the gate is installed,
         kept in memory only)."""
