@@ -12,6 +12,7 @@ import pytest
 
 from sglang_iso.integration import lora
 from sglang_iso.integration.front import state
+from sglang_iso.server.adapters import AdapterVersions
 from sglang_iso.server.tagging import NamespaceTagger
 from sglang_iso.tenancy.config import Tenant, TenantsConfig
 
@@ -19,7 +20,7 @@ from sglang_iso.tenancy.config import Tenant, TenantsConfig
 @pytest.fixture(autouse=True)
 def front_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """A front-end state of its own per test: the adapter versions the hooks record into and resolve reads."""
-    monkeypatch.setattr(state, "_CURRENT", SimpleNamespace(adapter_versions=lora.AdapterVersions()))
+    monkeypatch.setattr(state, "_CURRENT", SimpleNamespace(adapter_versions=AdapterVersions()))
 
 
 def resolve(manager: Any, allowed: Any, lora_path: object) -> lora.AdapterIdentity | None:

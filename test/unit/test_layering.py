@@ -4,6 +4,7 @@ integration layer imports SGLang (``sglang.*``); the entry points may import any
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,63 @@ def test_no_two_modules_share_a_name() -> None:
         if path.name not in ("__init__.py", "__main__.py"):
             seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path, name: str, known: Collection[str]) -> set[str]:
+    """Modules of ours ``path`` imports when it runs (module level or in a function); imports under ``if
+    TYPE_CHECKING:`` are for the type checker only and are left out. ``from a import b`` counts ``a.b`` when that
+    is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {m for m in found if m in known and m != name}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    """Every import of ours, at module level or inside a function, points one way: a cycle (two modules
+    needing each other) fails, naming its modules. Type-only imports do not count."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _runtime_imports(path, name, paths) for name, path in paths.items()}
+    done: set[str] = set()
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        on_path = [start]
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                stack.pop()
+                on_path.pop()
+                done.add(node)
+                continue
+            nxt = todo.pop()
+            if nxt in on_path:
+                return [*on_path[on_path.index(nxt) :], nxt]
+            if nxt not in done:
+                stack.append((nxt, sorted(graph[nxt])))
+                on_path.append(nxt)
+        return None
+
+    cycles = [c for c in (cycle_from(n) for n in sorted(graph) if n not in done) if c]
+    assert cycles == []

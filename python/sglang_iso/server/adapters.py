@@ -134,3 +134,32 @@ def tensors_hash(config: object, serialized_tensors: object) -> str | None:
     for part in (config_bytes, *serialized_tensors):
         h.update(len(part).to_bytes(8, "big") + part)
     return h.hexdigest()
+
+
+class AdapterVersions:
+    """Load id (SGLang's ``lora_id``) -> content hash of the files it was loaded from, or ``unhashed:<lora_id>``.
+
+    One per HTTP process, owned by its front-end state
+    (:attr:`sglang_iso.integration.front.state.FrontState.adapter_versions`). Mutated on the event loop by the
+    load and unload hooks and by the first request naming a startup adapter.
+    """
+
+    def __init__(self) -> None:
+        self._by_load: dict[str, str] = {}
+
+    def of(self, lora_id: str, path: str | None) -> str:
+        """The version recorded for load ``lora_id`` (hashing ``path`` now if none was recorded)."""
+        version = self._by_load.get(lora_id)
+        if version is None:
+            # NOTE: startup adapters (--lora-paths) were loaded before any hook ran; hash them on first use.
+            version = self.record(lora_id, content_hash(path))
+        return version
+
+    def record(self, lora_id: str, content: str | None) -> str:
+        """Load ``lora_id`` read ``content`` (None: no stable content, a per-load identity); returns the version."""
+        version = self._by_load[lora_id] = content or f"unhashed:{lora_id}"
+        return version
+
+    def forget(self, lora_id: str) -> None:
+        """Load ``lora_id`` was unloaded."""
+        self._by_load.pop(lora_id, None)

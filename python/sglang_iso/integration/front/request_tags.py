@@ -6,6 +6,7 @@ from typing import Any
 
 from sglang_iso.integration import lora
 from sglang_iso.integration.front import metrics, state, sweeper
+from sglang_iso.server.adapters import AdapterVersions
 from sglang_iso.server.gate import STATE_CACHE_TTL, STATE_TENANT
 from sglang_iso.settings import current as current_settings
 
@@ -58,7 +59,7 @@ def tag_request(obj: Any, request: Any, manager: Any = None) -> str | None:
     if hasattr(obj, "lora_id"):
         obj.lora_id = None  # NOTE: SGLang sets it from lora_path; a client-chosen id would skip the allow-list
     entry = tagger.config.tenants.get(tenant) if tagger is not None and tenant is not None else None
-    versions = front.adapter_versions if front is not None else lora.AdapterVersions()  # no front: no tag either
+    versions = front.adapter_versions if front is not None else AdapterVersions()  # no front: no tag either
     adapter = lora.resolve(manager, entry.adapters if entry is not None else (), getattr(obj, "lora_path", None),
                            versions)  # fmt: skip
     tag = None

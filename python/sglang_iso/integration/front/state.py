@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang_iso.integration.front import metrics
-from sglang_iso.integration.lora import AdapterVersions
+from sglang_iso.server.adapters import AdapterVersions
 from sglang_iso.server.rate_limits import RateLimiter
 from sglang_iso.server.retention import Retention, policies
 from sglang_iso.server.tagging import NamespaceTagger, fingerprint_dir
