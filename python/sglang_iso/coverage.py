@@ -287,7 +287,10 @@ FAMILIES: tuple[Family, ...] = (
         "`test/integration/test_pool_coverage.py` (SGLang's DSA indexer has no CPU path: refused on CPU)",
     ),
     Family(
-        "hybrid SWA: gpt-oss, Llama 4, MiMo-V2, Gemma 4", "SWAKVPool", "refused", "two sub-pools joined by an index map"
+        "hybrid SWA: gpt-oss, Llama 4, MiMo-V2, Gemma 4",
+        "SWAKVPool",
+        "refused",
+        "the tree has no SWA window semantics yet (scrub of both sub-pools: `test/integration/test_swa_scrub.py`)",
     ),
     Family(
         "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",

@@ -36,7 +36,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     missing = hook_table.missing(required=hook_table.Required.SCHEDULER)
     if missing:
         raise RuntimeError(f"sglang-iso: required hooks were not applied in the scheduler process: {missing}")
-    from sglang_iso.integration.scrub import uncovered_tensors
+    from sglang_iso.integration.scrub import unscrubbed_tensors
 
     settings = current_settings()
     config = settings.tenants()
@@ -51,7 +51,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         hybrid_ssm=bool(ctx.is_hybrid_ssm),
         dsa=bool(ctx.is_dsa),
         kv_pool_class=None if kvcache is None else type(kvcache).__name__,
-        unscrubbed_tensors=frozenset() if kvcache is None or not settings.kv_scrub else uncovered_tensors(kvcache),
+        unscrubbed_tensors=frozenset() if kvcache is None or not settings.kv_scrub else unscrubbed_tensors(kvcache),
     )
     refused = coverage.refusals(features)
     if refused:
@@ -72,10 +72,10 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
 
         cache.kv_shares = KvShares(config.kv_share_of)
     if settings.kv_scrub and cache.token_to_kv_pool_allocator is not None:
-        from sglang_iso.integration.scrub import KvScrubber
+        from sglang_iso.integration.scrub import make_scrubber
 
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
-        cache.scrubber = KvScrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream).install()
+        cache.scrubber = make_scrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream)
     if ctx.enable_hierarchical_cache and not cache.disable and cache.token_to_kv_pool_allocator is not None:
         _attach_host_tier(cache, ctx, settings, config.secret if config is not None else None)
     if settings.kv_owner_check and not cache.disable:

@@ -40,6 +40,10 @@ _REQUEST_ROW_ATTRS = ("_compress_tail_k", "_compress_tail_score")
 """Pool attributes holding one ``[req_to_token rows + 1, ...]`` tensor per layer."""
 
 
+_SWA_INDEX_ATTRS = frozenset({"full_to_swa_index_mapping"})
+"""An SWA hybrid pool's copy of its allocator's full -> SWA slot map: slot numbers, no tenant data."""
+
+
 class PoolTensors(NamedTuple):
     """Every tensor of tenant data in a KV pool, by the row a free must zero."""
 
@@ -173,6 +177,108 @@ class KvScrubber:
             zero_request_rows(self.tensors, rows)
             self.reset_rows += len(rows)
         below(indices)
+
+
+class SwaScrubber:
+    """Scrub-on-free for an SWA hybrid pool (SGLang's ``SWAKVPool`` under a ``SWATokenToKVPoolAllocator``).
+
+    The hybrid allocator hands out and releases through two allocators of its own, each over its own sub-pool:
+    the full-attention layers' slots and the sliding-window layers' slots (joined by ``full_to_swa_index_mapping``).
+    Each gets a :class:`KvScrubber` of its own, subscribed to that sub-allocator, so every SWA release is covered
+    whatever path it takes: a tree eviction or request release (``free`` = ``free_swa`` + ``free_full``), SGLang's
+    out-of-window frees of running requests (``free_swa_segment``, which bypasses the tree) and grouped frees
+    (``free_group_end``). Request rows are reset by the full side's scrubber. Single-threaded (scheduler thread).
+
+    Not yet reachable from serving: the coverage table refuses hybrid SWA models at start until the tenant tree
+    has SWA semantics (see :mod:`sglang_iso.coverage`).
+    """
+
+    def __init__(self, allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> None:
+        """Raises:
+        NotCoveredError: a per-request SWA ring (its slots are owned by request rows, not released through the
+            SWA allocator), or a sub-pool the plain scrubber does not cover.
+        """
+        if getattr(allocator, "_swa_req_ring", False):
+            raise NotCoveredError(f"{type(allocator).__name__} with a per-request SWA ring")
+        kvcache = allocator.get_kvcache()
+        extra = uncovered_swa_tensors(kvcache)
+        if extra:
+            raise NotCoveredError(f"tensors scrub-on-free does not zero: {', '.join(sorted(extra))}")
+        self.allocator = allocator
+        self.full = KvScrubber(allocator.full_attn_allocator, req_to_token_pool, forward_stream)
+        self.swa = KvScrubber(allocator.swa_attn_allocator, None, forward_stream)
+
+    def install(self) -> SwaScrubber:
+        """Subscribe each side's scrubber to its sub-allocator (the full side also to the row pool)."""
+        self.full.install()
+        self.swa.install()
+        return self
+
+    @property
+    def scrubbed_pages(self) -> int:
+        return self.full.scrubbed_pages + self.swa.scrubbed_pages
+
+    def flush(self) -> int:
+        """Zero every pending page of both sub-pools now; returns the number of pages zeroed."""
+        return self.full.flush() + self.swa.flush()
+
+    def add_pool(self, tensors: PoolTensors) -> None:
+        """Raises:
+        NotCoveredError: always; a draft model's pool beside an SWA hybrid pool is not covered.
+        """
+        raise NotCoveredError("a speculative draft model's KV pool beside an SWA hybrid pool")
+
+    def status(self) -> dict[str, int]:
+        full, swa = self.full.status(), self.swa.status()
+        return {
+            **{key: full[key] + swa[key] for key in ("scrubbed_pages", "scrub_calls", "pending_pages")},
+            "reset_rows": full["reset_rows"],
+            "draft_buffers": 0,
+            "swa_scrubbed_pages": swa["scrubbed_pages"],
+        }
+
+
+def make_scrubber(allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> KvScrubber | SwaScrubber:
+    """The scrubber for ``allocator``'s pool, installed: one per sub-pool for an SWA hybrid allocator.
+
+    Raises:
+        NotCoveredError: a pool (or sub-pool) whose tensors scrub-on-free does not know.
+    """
+    if is_swa_allocator(allocator):
+        return SwaScrubber(allocator, req_to_token_pool, forward_stream).install()
+    return KvScrubber(allocator, req_to_token_pool, forward_stream).install()
+
+
+def is_swa_allocator(allocator: Any) -> bool:
+    """An SWA hybrid allocator: two sub-allocators joined by a full -> SWA index map."""
+    return all(
+        hasattr(allocator, a) for a in ("full_attn_allocator", "swa_attn_allocator", "full_to_swa_index_mapping")
+    )
+
+
+def uncovered_swa_tensors(kvcache: Any) -> frozenset[str]:
+    """:func:`uncovered_tensors` of an SWA hybrid pool: each sub-pool's, and any tensor the hybrid pool keeps
+    beside them."""
+    subs = ("full_kv_pool", "swa_kv_pool")
+    missing = frozenset(f"{type(kvcache).__name__}.{a}" for a in subs if getattr(kvcache, a, None) is None)
+    known = {*subs, *_METADATA_ATTRS, *_SWA_INDEX_ATTRS}
+    own = frozenset(
+        f"{type(kvcache).__name__}.{attr}"
+        for attr, value in vars(kvcache).items()
+        if attr not in known and _holds_tensor(value, nested=True)
+    )
+    inner = frozenset(
+        t for a in subs if getattr(kvcache, a, None) is not None for t in uncovered_tensors(getattr(kvcache, a))
+    )
+    return missing | own | inner
+
+
+def unscrubbed_tensors(kvcache: Any) -> frozenset[str]:
+    """What scrub-on-free would leave unzeroed in ``kvcache``: :func:`uncovered_swa_tensors` for an SWA hybrid
+    pool, :func:`uncovered_tensors` for any other."""
+    if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "swa_kv_pool"):
+        return uncovered_swa_tensors(kvcache)
+    return uncovered_tensors(kvcache)
 
 
 def zero_pages(tensors: PoolTensors, pages: torch.Tensor, page_size: int) -> None:

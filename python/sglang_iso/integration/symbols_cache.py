@@ -88,6 +88,21 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("self", "page_ids"),
         "wrapped on the instance: every paged free ends here (scrub, owner FREE)",
     ),
+    (
+        "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.__init__",
+        ("self", "size", "size_swa", "page_size", "dtype", "device", "kvcache", "need_sort"),
+        "an SWA hybrid allocator: full_attn_allocator and swa_attn_allocator, each scrubbed over its own sub-pool",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free_swa_segment",
+        ("self", "free_index", "start_pos"),
+        "running requests' out-of-window frees: they end in swa_attn_allocator's release (scrubbed)",
+    ),
+    (
+        "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.__init__",
+        ("self", "size", "size_swa", "page_size", "swa_attention_layer_ids", "full_attention_layer_ids"),
+        "its full_kv_pool and swa_kv_pool sub-pools are what the two scrubbers zero",
+    ),
     (f"{_BPC}:EvictParams", ("num_tokens",), "evict argument"),
     (f"{_BPC}:EvictResult", ("num_tokens_evicted",), "evict result"),
     (f"{_BPC}:InsertResult", ("prefix_len",), "insert result"),

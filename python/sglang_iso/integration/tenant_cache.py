@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from sglang_iso.integration.host_cache import HostCache
     from sglang_iso.integration.owner_check import OwnerTable
     from sglang_iso.integration.pd_transfer import PdGuard
-    from sglang_iso.integration.scrub import KvScrubber
+    from sglang_iso.integration.scrub import KvScrubber, SwaScrubber
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class TenantRadixCache(BasePrefixCache):
         self.policies = dict(policies or {})  # owner -> settings, applied when a namespace first appears
         self._configured: dict[str, Namespace] = {}  # namespace key -> the namespace, once configured
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
-        self.scrubber: KvScrubber | None = None  # with --kv-scrub on-free (set by the factory)
+        self.scrubber: KvScrubber | SwaScrubber | None = None  # with --kv-scrub on-free (set by the factory)
         self.erase_receipts: dict[str, dict[str, int]] = {}  # receipt id -> what an erase dropped (newest last)
         self.owners: OwnerTable | None = None  # with --kv-owner-check on (set by the factory)
         self.pd_guard: PdGuard | None = None  # on a prefill/decode worker (set by the factory)
