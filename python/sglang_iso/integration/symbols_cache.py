@@ -103,6 +103,31 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("self", "size", "size_swa", "page_size", "swa_attention_layer_ids", "full_attention_layer_ids"),
         "its full_kv_pool and swa_kv_pool sub-pools are what the two scrubbers zero",
     ),
+    (
+        "sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator.free",
+        ("self", "free_index"),
+        "every recurrent-state slot release ends here: wrapped on the instance, slots zeroed before reuse",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator.alloc",
+        ("self", "need_size"),
+        "wrapped on the instance: pending state slots zeroed first",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator.alloc_group_begin",
+        ("self", "num_reqs"),
+        "wrapped on the instance: pending state slots zeroed first",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.mamba:MambaSlotAllocator.clear",
+        ("self",),
+        "wrapped on the instance: every state slot zeroed",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:MambaPool.clear_slots",
+        ("self", "indices"),
+        "zeroes a slot's convolution, temporal and registered side states",
+    ),
     (f"{_BPC}:EvictParams", ("num_tokens",), "evict argument"),
     (f"{_BPC}:EvictResult", ("num_tokens_evicted",), "evict result"),
     (f"{_BPC}:InsertResult", ("prefix_len",), "insert result"),

@@ -1,0 +1,135 @@
+"""Scrub-on-free for recurrent state, on SGLang's own ``HybridReqToTokenPool`` and ``MambaPool`` (CPU).
+
+Every state slot (convolution windows and temporal state of every Mamba layer) is poisoned; slots go back to the
+slot allocator by SGLang's own request release (``free_mamba_cache``), a direct free (tree eviction of a snapshot,
+admission rollback) and the unused rest of a pre-allocated group. Each must be zero before it is handed out again,
+and a slot still held keeps its state. A pool with state ``clear_slots`` would not zero is refused, naming it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+from sglang_iso import coverage
+from sglang_iso.coverage import NotCoveredError
+from sglang_iso.integration.mamba_scrub import MambaScrubber, uncovered_state_tensors
+
+SLOTS = 8
+POISON = 5.0
+
+
+def _pool(**extra: Any) -> Any:
+    shape = Mamba2StateShape.create(
+        tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=4, head_dim=8, state_size=4, conv_kernel=4
+    )
+    return HybridReqToTokenPool(
+        size=4, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=64, device="cpu",
+        enable_memory_saver=False, cache_params=Mamba2CacheParams(shape=shape, layers=[0, 2]), mamba_layer_ids=[0, 2],
+        enable_mamba_extra_buffer=False, enable_overlap_schedule=False, **extra,
+    )  # fmt: skip
+
+
+def _states(pool: Any) -> list[torch.Tensor]:
+    cache = pool.mamba_pool.mamba_cache
+    return [*cache.conv, cache.temporal]
+
+
+def _poison(pool: Any, slots: list[int]) -> None:
+    """Owners' state in ``slots`` (a free slot holds nothing of anyone: only owned slots are written)."""
+    for state in _states(pool):
+        state[:, slots] = POISON
+
+
+def _zero(pool: Any, slots: list[int]) -> bool:
+    return all(bool((state[:, slots] == 0).all()) for state in _states(pool))
+
+
+def _poisoned(pool: Any, slots: list[int]) -> bool:
+    return all(bool((state[:, slots] == POISON).all()) for state in _states(pool))
+
+
+def _slot(pool: Any) -> int:
+    got = pool.mamba_allocator.alloc(1)
+    assert got is not None
+    return int(got[0])
+
+
+def test_every_free_path_zeroes_the_slot_before_its_next_owner_and_held_slots_keep_their_state() -> None:
+    pool = _pool()
+    assert uncovered_state_tensors(pool) == frozenset()
+    scrubber = MambaScrubber(pool).install()
+    released, direct, held = _slot(pool), _slot(pool), _slot(pool)
+    _poison(pool, [released, direct, held])
+
+    req = SimpleNamespace(kv=SimpleNamespace(mamba_pool_idx=torch.tensor(released)))
+    pool.free_mamba_cache(req)  # SGLang's request release
+    pool.mamba_allocator.free(torch.tensor([direct]))  # a snapshot evicted, an admission rolled back
+    # Positive control: nothing is zeroed at free time; the next hand-out does it, in one batch.
+    assert _poisoned(pool, [released, direct])
+    pool.mamba_allocator.alloc_group_begin(3)  # slots reserved for a batch of matches (a hand-out) ...
+    assert _zero(pool, [released, direct])
+    used = _slot(pool)
+    _poison(pool, [used])  # its new owner's state
+    pool.mamba_allocator.alloc_group_end()  # ... the unused ones go back
+    _slot(pool)
+    assert _poisoned(pool, [held, used])  # still owned: untouched
+    status = scrubber.status()
+    assert status["state_scrubbed_slots"] >= 4 and status["state_pending_slots"] == 0, status
+
+
+def test_every_free_slot_is_zero_after_a_churn_of_owners() -> None:
+    pool = _pool()
+    MambaScrubber(pool).install()
+    rng = torch.Generator().manual_seed(0)
+    owned: list[int] = []
+    for step in range(60):
+        if owned and (len(owned) == SLOTS - 1 or torch.rand(1, generator=rng).item() < 0.5):
+            slot = owned.pop(int(torch.randint(len(owned), (1,), generator=rng)))
+            pool.mamba_allocator.free(torch.tensor([slot]))
+        else:
+            slot = _slot(pool)
+            for state in _states(pool):
+                state[:, slot] = float(step + 1)  # the new owner's state
+            owned.append(slot)
+    _slot(pool)  # a hand-out: pending slots zeroed
+    free = [int(s) for s in pool.mamba_allocator.free_slots]
+    assert free and _zero(pool, free)
+
+
+def test_clear_zeroes_every_slot() -> None:
+    pool = _pool()
+    MambaScrubber(pool).install()
+    _poison(pool, [_slot(pool), _slot(pool)])
+    pool.mamba_allocator.clear()  # every slot free at once, the held ones too
+    assert _zero(pool, list(range(SLOTS + 1)))
+
+
+def test_state_the_scrubber_would_miss_is_refused_by_name() -> None:
+    pool = _pool()
+    pool.mamba_pool.side_rows = torch.zeros(SLOTS + 1, 2)  # a tensor clear_slots does not know
+    with pytest.raises(NotCoveredError, match=r"MambaPool\.side_rows"):
+        MambaScrubber(pool)
+    del pool.mamba_pool.side_rows
+    pool.mamba_ckpt_pool = SimpleNamespace(states=torch.zeros(4))  # an int8 checkpoint pool of its own
+    assert uncovered_state_tensors(pool) == frozenset({"HybridReqToTokenPool.mamba_ckpt_pool"})
+    pool.mamba_ckpt_pool = None
+    pool.mamba_pool.mamba_cache = pool.mamba_pool.SpeculativeState(
+        conv=pool.mamba_pool.mamba_cache.conv, temporal=pool.mamba_pool.mamba_cache.temporal,
+        intermediate_ssm=torch.zeros(2, SLOTS, 1), intermediate_conv_window=[torch.zeros(2, SLOTS, 1)],
+    )  # fmt: skip
+    assert uncovered_state_tensors(pool) == frozenset(
+        {"MambaPool.mamba_cache.intermediate_ssm", "MambaPool.mamba_cache.intermediate_conv_window"}
+    )
+
+
+def test_hybrid_ssm_models_are_still_refused_at_start() -> None:
+    """The state slots are covered; namespaced state snapshots in the tree are not yet."""
+    features = coverage.Features(stage="scheduler", kv_pool_class="HybridLinearKVPool", hybrid_ssm=True)
+    refused = [r.feature for r in coverage.refusals(features)]
+    assert any("hybrid SSM" in feature for feature in refused), refused
