@@ -287,7 +287,15 @@ FAMILIES: tuple[Family, ...] = (
         "`test/integration/test_pool_coverage.py` (SGLang's DSA indexer has no CPU path: refused on CPU)",
     ),
     Family(
-        "hybrid SWA: gpt-oss, Llama 4, MiMo-V2, Gemma 4",
+        "hybrid SWA in one pool (`--disable-hybrid-swa-memory`, the launcher's default): Laguna; gpt-oss, Llama 4 "
+        "in the same layout",
+        "MHATokenToKVPool",
+        "served with tenants",
+        "`test/e2e/test_swa.py` (Laguna-shaped, torch_native: the window is an attention mask; gpt-oss's attention "
+        "sinks need the Triton backend)",
+    ),
+    Family(
+        "hybrid SWA in SGLang's SWA sub-pool layout",
         "SWAKVPool",
         "refused",
         "the tree has no SWA window semantics yet (scrub of both sub-pools: `test/integration/test_swa_scrub.py`)",
@@ -302,6 +310,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("anything else", "any other class", "refused", "an unknown pool fails closed"),
 )
 """Model families by KV pool class, in the order the README's model-family table lists them."""
+
+SWA_LAYOUT_FLAG = "--disable-hybrid-swa-memory"
+"""SGLang's flag that keeps a hybrid SWA model's KV in one pool for every layer (the launcher adds it)."""
 
 COVERED_POOLS: frozenset[str] = frozenset(f.pool for f in FAMILIES if f.status != "refused")
 """The KV pool classes the tenant cache serves with (exact class names)."""
@@ -481,7 +492,7 @@ def _bypass_env(name: str) -> Callable[[Features], str | None]:
 
 
 def _hybrid_swa(f: Features) -> str | None:
-    return "hybrid SWA model" if f.hybrid_swa else None
+    return f"hybrid SWA models in SGLang's SWA sub-pool layout (pass {SWA_LAYOUT_FLAG})" if f.hybrid_swa else None
 
 
 def _hybrid_ssm(f: Features) -> str | None:
@@ -512,7 +523,10 @@ def _dsa_with_pd(f: Features) -> str | None:
 def _pool_class(f: Features) -> str | None:
     if f.kv_pool_class is None or f.kv_pool_class in COVERED_POOLS:
         return None
-    return f"the KV pool class {f.kv_pool_class} (not in the model-family table)"
+    family = next((x for x in FAMILIES if x.pool == f.kv_pool_class), None)
+    if family is None:
+        return f"the KV pool class {f.kv_pool_class} (not in the model-family table)"
+    return f"the KV pool class {f.kv_pool_class} (refused in the model-family table: {family.family})"
 
 
 def _unscrubbed(f: Features) -> str | None:
@@ -590,7 +604,12 @@ ROWS: tuple[Row, ...] = (
     *(Row(f"`{flag}` with a tenants file", _L, "launch", _bypass_flag(flag)) for flag in BYPASS_FLAGS),
     Row("`--tokenizer-worker-num` above 1 with a tenants file", _L, "launch", _tokenizer_workers),
     *(Row(f"`{name}=1` with a tenants file", _L, "launch", _bypass_env(name)) for name in BYPASS_ENV),
-    Row("hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...)", _S, "tree", _hybrid_swa),
+    Row(
+        "hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...) in SGLang's SWA sub-pool layout",
+        _S,
+        "tree",
+        _hybrid_swa,
+    ),
     Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _S, "tree", _hybrid_ssm),
     Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...) on `--device cpu`", _LS, "tree", _dsa_on_cpu),
     Row("DSA sparse attention models with `--enable-hierarchical-cache`", _LS, "tree", _dsa_with_hicache),

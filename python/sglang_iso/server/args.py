@@ -26,6 +26,8 @@ CPU_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--attention-backend", "torch_native"),
     ("--disable-cuda-graph", None),
 )
+SWA_LAYOUT_FLAG = coverage.SWA_LAYOUT_FLAG
+"""Added unless given: SGLang's one-pool layout for hybrid SWA models."""
 # Added on CPU only when LoRA is on (--enable-lora or --lora-paths).
 CPU_LORA_DEFAULTS: tuple[tuple[str, str | None], ...] = (
     ("--lora-backend", "torch_native"),  # NOTE: the default csgmv backend needs a CUDA device name
@@ -138,6 +140,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     if flag_value(sglang_argv, "--radix-cache-backend") is None:
         sglang_argv += ["--radix-cache-backend", TENANT_BACKEND]
         added += ["--radix-cache-backend", TENANT_BACKEND]
+    if not has_flag(sglang_argv, SWA_LAYOUT_FLAG):
+        # NOTE: hybrid SWA models then keep every layer's KV in one pool (the window is an attention mask), the
+        # layout the tenant tree covers; SGLang's SWA sub-pool layout is refused. A no-op for other models.
+        sglang_argv.append(SWA_LAYOUT_FLAG)
+        added.append(SWA_LAYOUT_FLAG)
 
     if ours.iso_cpu_defaults == "auto" and not cuda_available:
         lora_on = has_flag(sglang_argv, "--enable-lora") or has_flag(sglang_argv, "--lora-paths")

@@ -23,7 +23,7 @@ def test_cpu_defaults_and_tenant_backend_added_without_cuda() -> None:
 
 def test_gpu_gets_no_cpu_defaults() -> None:
     plan = plan_launch(["--model-path", "m"], cuda_available=True)
-    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant"]
+    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant", "--disable-hybrid-swa-memory"]
 
 
 def test_user_flags_win_over_defaults() -> None:
@@ -38,7 +38,16 @@ def test_user_flags_win_over_defaults() -> None:
 
 def test_cpu_defaults_off() -> None:
     plan = plan_launch(["--model-path", "m", "--iso-cpu-defaults", "off"], cuda_available=False)
-    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant"]
+    assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant", "--disable-hybrid-swa-memory"]
+
+
+def test_hybrid_swa_models_get_the_one_pool_layout_unless_given() -> None:
+    """SGLang's SWA sub-pool layout is refused at the scheduler; the launcher asks for the layout it covers."""
+    plan = plan_launch(["--model-path", "m"], cuda_available=True)
+    assert plan.sglang_argv.count("--disable-hybrid-swa-memory") == 1 and "--disable-hybrid-swa-memory" in plan.added
+    given = plan_launch(["--model-path", "m", "--disable-hybrid-swa-memory"], cuda_available=True)
+    assert given.sglang_argv.count("--disable-hybrid-swa-memory") == 1
+    assert "--disable-hybrid-swa-memory" not in given.added
 
 
 @pytest.mark.parametrize("flag", [["--radix-cache-backend", "flexkv"], ["--radix-cache-backend=other"]])

@@ -1,0 +1,152 @@
+"""Sliding-window hybrid models under the guarantees, end to end on CPU.
+
+A tiny Laguna-shaped model written by the test (``sglang_iso_testing.tiny_swa``: sliding and full attention
+layers in turn, a window of 8 tokens, seeded weights), which SGLang runs as a hybrid SWA model. Through the
+launcher it gets ``--disable-hybrid-swa-memory``: every layer's KV in one pool, the sliding window an attention
+mask (torch_native). Served with a tenants file, the owner check on and the test plugin loaded; with their
+positive controls in the same run: the same tenant's repeat of a prompt five windows long hits the cache while
+another tenant misses, and every output equals the no-cache one (the sliding layers of a cached prefix read
+only their window); a foreign slot planted into a request's row is redirected to the zero page and the request
+aborted; after pool pressure every free page is zero. Started without the launcher's flag (SGLang's own
+launcher with the tenant cache), the SWA sub-pool layout is refused at start, naming the flag that serves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sglang_iso_testing import spec_plant
+from sglang_iso_testing.plant import COMMAND as PLANT
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import (
+    ServerProcess,
+    ServerStartError,
+    baseline_server_argv,
+    free_port,
+    iso_server_argv,
+)
+from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, WINDOW, write_tiny_swa
+
+from .helpers import TENANTS, auth, random_prompt, write_tenants_file
+
+pytestmark = pytest.mark.e2e
+
+PROMPT_LEN = 5 * WINDOW
+NEW_TOKENS = 8
+POOL_TOKENS = 2048
+SIZES = ("--max-total-tokens", str(POOL_TOKENS), "--max-running-requests", "8")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_swa(tmp_path_factory.mktemp("tiny-swa"))
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    from sglang_iso.tenancy.keys import new_api_key
+
+    return {name: new_api_key() for name in (*TENANTS, "admin")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    tenants = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
+    port = free_port()
+    argv = iso_server_argv(port, model, *SIZES, *DTYPE_FLAGS, "--tenants-file", str(tenants))
+    srv = ServerProcess(argv, port, env=plant_env())
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _generate(server: ServerProcess, key: str, ids: list[int]) -> tuple[int, dict]:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
+    return server.post("/generate", body, headers=auth(key), timeout_s=300)
+
+
+def _ok(server: ServerProcess, key: str, ids: list[int]) -> dict:
+    status, out = _generate(server, key, ids)
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length", (status, out)
+    return out
+
+
+def _info(server: ServerProcess, keys: dict[str, str]) -> dict:
+    status, info = server.get_with("/get_server_info", auth(keys["admin"]))
+    assert status == 200
+    return info
+
+
+def _tree(server: ServerProcess, keys: dict[str, str]) -> dict:
+    return _info(server, keys)["internal_states"][0]["sglang_iso"]["tree_cache"]
+
+
+def _admin(server: ServerProcess, keys: dict[str, str], command: str) -> bool:
+    status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(keys["admin"]))
+    assert status == 200, out
+    return out == [True]
+
+
+def test_served_in_the_one_pool_layout_with_scrub_and_owner_check(server: ServerProcess, keys: dict[str, str]) -> None:
+    info = _info(server, keys)
+    assert info["disable_hybrid_swa_memory"] is True and info["attention_backend"] == "torch_native"
+    tree = _tree(server, keys)
+    assert tree["kv_pool"] == "MHATokenToKVPool"
+    assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "on"
+    assert "hybrid_swa=False" in server.log_text()  # SGLang built the one-pool layout for this SWA model
+
+
+def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    prompt = random_prompt(PROMPT_LEN)
+    first = _ok(server, keys["acme"], prompt)
+    assert first["meta_info"]["cached_tokens"] == 0
+    repeat = _ok(server, keys["acme"], prompt)  # positive control
+    assert repeat["meta_info"]["cached_tokens"] == PROMPT_LEN - 1  # all but the last token, SWA layers included
+    other = _ok(server, keys["globex"], prompt)  # isolation
+    assert other["meta_info"]["cached_tokens"] == 0
+    assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]  # a hit reads what a miss computes
+    different = _ok(server, keys["acme"], [prompt[0], *reversed(prompt[1:])])  # the output depends on the context
+    assert different["output_ids"] != first["output_ids"]
+    assert _tree(server, keys)["owner_violations"] == 0
+
+
+def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    _ok(server, keys["globex"], random_prompt(PROMPT_LEN))  # globex owns pages
+    before = _tree(server, keys)["owner_violations"]
+    assert _admin(server, keys, PLANT + "acme")
+    status, out = _generate(server, keys["acme"], random_prompt(12))
+    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert aborted or 400 <= status < 500, (status, out)
+    assert "isolation violation" in str(out)
+    assert _tree(server, keys)["owner_violations"] > before
+    _ok(server, keys["acme"], random_prompt(12))  # served normally afterwards
+
+
+def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys: dict[str, str]) -> None:
+    assert _admin(server, keys, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
+    for i in range(6):  # 1.2 pools' worth of prompts across tenants: the tree evicts
+        _ok(server, keys["acme" if i % 2 else "globex"], random_prompt(POOL_TOKENS // 5))
+    assert _tree(server, keys)["scrubbed_pages"] > 0
+    assert _admin(server, keys, spec_plant.FREE_PAGES_ZERO)
+
+
+def test_the_swa_sub_pool_layout_is_refused_at_start_naming_the_flag(model: Path) -> None:
+    """SGLang's own launcher with the tenant cache and without the launcher's flag: SGLang builds its SWA sub-pool
+    layout, and the tenant cache factory refuses it."""
+    port = free_port()
+    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, "--radix-cache-backend", "tenant"), port)
+    with pytest.raises(ServerStartError) as err:
+        srv.start(timeout_s=240)
+    srv.keep_log = False  # an expected refusal: its log tail is in the error
+    srv.stop()
+    assert "hybrid SWA models in SGLang's SWA sub-pool layout (pass --disable-hybrid-swa-memory)" in str(err.value)
+    assert "SWAKVPool" in str(err.value)
