@@ -111,7 +111,7 @@ class Features:
     hybrid_swa: bool = False
     """The model has sliding-window layers beside full attention (known at the scheduler only)."""
     hybrid_ssm: bool = False
-    """The model has SSM/Mamba layers (known at the scheduler only)."""
+    """The model has SSM/Mamba layers (at the launcher: read from a local model directory's config)."""
     dsa: bool = False
     """The model uses DSA sparse attention (at the launcher: read from a local model directory's config)."""
     device: str | None = None
@@ -154,6 +154,7 @@ class Features:
             tokenizer_workers=flag_value(argv, "--tokenizer-worker-num"),
             bypass_env=frozenset(n for n in BYPASS_ENV if env.get(n, "").lower() in ("1", "true", "yes")),
             dsa=is_dsa_config(model_config or {}),
+            hybrid_ssm=is_hybrid_ssm_config(model_config or {}),
             device=flag_value(argv, "--device") or (None if cuda_available else "cpu"),
         )
 
@@ -347,6 +348,33 @@ def is_dsa_config(config: Mapping[str, Any]) -> bool:
     return first in DSA_ARCHITECTURES and config.get("index_topk") is not None
 
 
+HYBRID_SSM_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "bailing_hybrid", "falcon_h1", "falcon_mamba", "glm5_next", "granitemoehybrid", "inkling_mm_model",
+        "inkling_model", "intern_s2_preview", "jet_nemotron", "jet_vlm", "kimi_linear", "lfm2", "lfm2_moe", "lfm2_vl",
+        "mamba", "mamba2", "minicpm_sala", "nemotron_h", "NemotronH_Nano_VL_V2", "qwen3_5", "qwen3_5_moe",
+        "qwen3_next", "zaya",
+    }
+)  # fmt: skip
+"""``model_type`` of every config class SGLang runs with recurrent state (``configs/hybrid_arch.py`` in the pinned
+wheel; ``test/integration/test_compat.py`` compares the two)."""
+
+
+def is_hybrid_ssm_config(config: Mapping[str, Any]) -> bool:
+    """True when a model's ``config.json`` (as a dict) describes a model with recurrent state, by its
+    ``model_type`` or its text or language model's. A Granite hybrid counts when it has a Mamba layer, as SGLang
+    decides it; the other conditional ones (a MiniCPM hybrid, Inkling) count always (fail closed)."""
+    types = {config.get("model_type")}
+    for inner in ("text_config", "llm_config"):
+        nested = config.get(inner)
+        if isinstance(nested, Mapping):
+            types.add(nested.get("model_type"))
+    if "granitemoehybrid" in types:
+        layer_types = config.get("layer_types")
+        return isinstance(layer_types, list) and "mamba" in layer_types
+    return bool(types & HYBRID_SSM_MODEL_TYPES)
+
+
 def families_markdown() -> str:
     """The README's model-family table (``test/unit/test_coverage.py`` compares the two)."""
     lines = ["| model family | SGLang KV pool | status | shown by / why |", "|---|---|---|---|"]
@@ -496,7 +524,9 @@ def _hybrid_swa(f: Features) -> str | None:
 
 
 def _hybrid_ssm(f: Features) -> str | None:
-    return "hybrid SSM/Mamba model" if f.hybrid_ssm else None
+    if not f.hybrid_ssm:
+        return None
+    return "hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...: per-request recurrent state)"
 
 
 def _dsa_on_cpu(f: Features) -> str | None:
@@ -610,7 +640,7 @@ ROWS: tuple[Row, ...] = (
         "tree",
         _hybrid_swa,
     ),
-    Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _S, "tree", _hybrid_ssm),
+    Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _LS, "tree", _hybrid_ssm),
     Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...) on `--device cpu`", _LS, "tree", _dsa_on_cpu),
     Row("DSA sparse attention models with `--enable-hierarchical-cache`", _LS, "tree", _dsa_with_hicache),
     Row("DSA sparse attention models with `--disaggregation-mode`", _LS, "tree", _dsa_with_pd),

@@ -132,3 +132,16 @@ def test_dsa_architectures_are_those_sglang_runs_with_dsa() -> None:
         assert model_config.is_deepseek_dsa(config) and coverage.is_dsa_config(config), arch
         del config["index_topk"]
         assert not model_config.is_deepseek_dsa(config) and not coverage.is_dsa_config(config), arch
+
+
+def test_hybrid_ssm_model_types_are_those_sglang_runs_with_recurrent_state() -> None:
+    """The launcher refuses these from ``config.json`` before SGLang starts (on CPU SGLang's own argument checks
+    stop such a model first, without naming the family); the set must follow the pinned wheel's detection."""
+    import sglang.srt.configs as configs
+    from sglang.srt.configs import hybrid_arch
+
+    tree = ast.parse(inspect.getsource(hybrid_arch))
+    classes = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id.endswith("Config")} - {"ModelConfig"}
+    by_type = {getattr(configs, name).model_type for name in classes}
+    literal = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "glm5_next"}
+    assert by_type | literal == set(coverage.HYBRID_SSM_MODEL_TYPES)

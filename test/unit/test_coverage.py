@@ -139,3 +139,29 @@ def test_a_speculative_enum_reads_as_its_name() -> None:
     f = Features.from_server_args(SimpleNamespace(speculative_algorithm=algorithm), kv_owner_check=False,
                                   tenants_file=True)  # fmt: skip
     assert "--speculative-algorithm DFLASH" in coverage.explain(refusals(f))
+
+
+@pytest.mark.parametrize(
+    ("config", "ssm"),
+    [
+        ({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}, True),
+        ({"model_type": "nemotron_h"}, True),
+        ({"model_type": "qwen3_5_vl_wrapper", "text_config": {"model_type": "qwen3_5"}}, True),  # a VL wrapper
+        ({"model_type": "NemotronH_Nano_VL_V2", "llm_config": {"model_type": "nemotron_h"}}, True),
+        ({"model_type": "granitemoehybrid", "layer_types": ["attention", "mamba"]}, True),
+        ({"model_type": "granitemoehybrid", "layer_types": ["attention", "attention"]}, False),  # no Mamba layer
+        ({"model_type": "llama"}, False),
+        ({"model_type": "laguna"}, False),  # sliding-window hybrid: served in one pool
+        ({"text_config": "qwen3_next"}, False),  # not a mapping: nothing to read
+        ({}, False),
+    ],
+)
+def test_the_launcher_reads_recurrent_state_from_the_model_config(config: dict, ssm: bool) -> None:
+    """A hybrid linear-attention model is refused by name before SGLang starts, on any device."""
+    for cuda in (True, False):
+        features = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config,
+                                      cuda_available=cuda)  # fmt: skip
+        assert features.hybrid_ssm is ssm
+        assert [r.feature for r in refusals(features)] == (
+            ["hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)"] if ssm else []
+        )
