@@ -292,8 +292,8 @@ FAMILIES: tuple[Family, ...] = (
         "in the same layout",
         "MHATokenToKVPool",
         "served with tenants",
-        "`test/e2e/test_swa.py` (Laguna-shaped, torch_native: the window is an attention mask; gpt-oss's attention "
-        "sinks need the Triton backend)",
+        "`test/e2e/test_swa.py` and the leak fuzzer (Laguna-shaped, torch_native: the window is an attention mask; "
+        "gpt-oss's attention sinks need the Triton backend)",
     ),
     Family(
         "hybrid SWA in SGLang's SWA sub-pool layout",

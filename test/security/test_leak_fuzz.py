@@ -8,6 +8,7 @@ import pytest
 
 from sglang_iso_testing.leak_fuzzer import server_flags, write_tenants
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
+from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, write_tiny_swa
 
 from ..e2e.conftest import start_iso_server
 from .oracles import assert_clean_run, fuzz_on
@@ -33,3 +34,14 @@ def test_fuzzed_workload_on_an_mla_moe_model_leaks_nothing(tmp_path: Path) -> No
     run = fuzz_on(server, tenants, admin, seed=2, ops=80, max_seconds=200)
     assert_clean_run(run.report, run.problems, min_requests=40)
     assert run.tree["kv_pool"] == "MLATokenToKVPool" and run.tree["owner_violations"] == 0, run.tree
+
+
+def test_fuzzed_workload_on_a_sliding_window_hybrid_leaks_nothing(tmp_path: Path) -> None:
+    """The same workload (without adapters) on a tiny Laguna-shaped model: sliding and full attention layers in
+    turn, served in the one-pool layout the launcher selects (the window an attention mask)."""
+    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False)
+    model = write_tiny_swa(tmp_path / "tiny-swa")
+    server = start_iso_server(*server_flags(tenants_file, lora=False), *DTYPE_FLAGS, model=model)
+    run = fuzz_on(server, tenants, admin, seed=3, ops=80, max_seconds=200)
+    assert_clean_run(run.report, run.problems, min_requests=40)
+    assert run.tree["kv_pool"] == "MHATokenToKVPool" and run.tree["owner_violations"] == 0, run.tree
