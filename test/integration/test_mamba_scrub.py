@@ -133,3 +133,11 @@ def test_hybrid_ssm_models_are_still_refused_at_start() -> None:
     features = coverage.Features(stage="scheduler", kv_pool_class="HybridLinearKVPool", hybrid_ssm=True)
     refused = [r.feature for r in coverage.refusals(features)]
     assert any("hybrid SSM" in feature for feature in refused), refused
+
+
+def test_the_fused_kernels_address_table_is_not_state() -> None:
+    """On CUDA SGLang caches the convolution tensors' addresses and strides on the pool (``_conv_slot_desc``): slot
+    numbers and pointers, no tenant data, so the pool stays covered."""
+    pool = _pool()
+    pool.mamba_pool.__dict__["_conv_slot_desc"] = (torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64))
+    assert uncovered_state_tensors(pool) == frozenset()

@@ -42,6 +42,9 @@ _POOL_INDEX_ATTRS = frozenset(
      "req_index_to_mamba_ping_pong_track_buffer_mapping"}
 )  # fmt: skip
 """Row pool attributes holding slot and row numbers only."""
+_POOL_METADATA_ATTRS = frozenset({"mamba_cache", "_conv_slot_desc", "_conv_fuse_ok"})
+"""``MambaPool`` attributes that are not tenant state beside the state itself: the fused kernels' cached
+addresses and strides of the convolution tensors."""
 _SIDE_STATES = {"ShortConvPool": frozenset({"conv_state"}), "NGramPool": frozenset({"context"})}
 """Side-state class -> the tensors its ``reset_slots`` resets (``clear_slots`` calls it for registered ones)."""
 _ROW_POOL_STATE_ATTRS = ("mamba_ckpt_pool", "ple_window_cache")
@@ -68,7 +71,7 @@ def uncovered_state_tensors(req_to_token_pool: Any) -> frozenset[str]:
     out |= {
         f"{type(pool).__name__}.{attr}"
         for attr, value in vars(pool).items()
-        if attr != "mamba_cache" and _holds_tensor(value)
+        if attr not in _POOL_METADATA_ATTRS and _holds_tensor(value)
     }
     siblings = list(getattr(pool, "_slot_siblings", ()))
     for sibling in siblings:
