@@ -264,14 +264,46 @@ def wait_for_router_workers(router: ServerProcess, admin_key: str, n: int, timeo
     )
 
 
+def post_ids(server: ServerProcess, key: str, ids: list[int], new_tokens: int, **extra: object) -> tuple[int, Any]:
+    """A greedy ``/generate`` of ``new_tokens`` tokens (EOS ignored) for ``ids``: status and body, unchecked."""
+    sampling = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    return server.post("/generate", {"input_ids": ids, "sampling_params": sampling, **extra}, headers=auth(key),
+                       timeout_s=300)  # fmt: skip
+
+
+def generate_to_length(server: ServerProcess, key: str, ids: list[int], new_tokens: int) -> dict:
+    """:func:`post_ids`, which must be served in full (status 200, finished by length)."""
+    status, out = post_ids(server, key, ids, new_tokens)
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length", (status, out)
+    return out
+
+
+def server_info(server: ServerProcess, admin_key: str) -> dict:
+    """``/get_server_info`` read with the admin key."""
+    status, info = server.get_with("/get_server_info", auth(admin_key))
+    assert status == 200, info
+    return info
+
+
+def tree_state(server: ServerProcess, admin_key: str) -> dict:
+    """The tenant tree cache's status of the first scheduler."""
+    return server_info(server, admin_key)["internal_states"][0]["sglang_iso"]["tree_cache"]
+
+
+def internal_command(server: ServerProcess, admin_key: str, command: str) -> bool:
+    """Send one ``/set_internal_state`` command (ours or a test plugin's); True when every rank confirmed it."""
+    status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(admin_key))
+    assert status == 200, out
+    return out == [True]
+
+
 def assert_free_pages_zero(server: ServerProcess, admin_key: str) -> None:
     """Every free device page is zero (the test plugin's check, run after its self-test: it dirties a free page and
     must find it). The server runs with :func:`plant_env`."""
     from sglang_iso_testing.spec_plant import FREE_PAGES_ZERO
 
     for command in (FREE_PAGES_ZERO + ":selftest", FREE_PAGES_ZERO):
-        status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(admin_key))
-        assert status == 200 and out == [True], (command, out)
+        assert internal_command(server, admin_key, command), command
 
 
 def audit_events(path: Path, event: str) -> list[dict[str, Any]]:

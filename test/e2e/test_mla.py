@@ -30,7 +30,18 @@ from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, ServerStartError, free_port, iso_server_argv
 from sglang_iso_testing.tiny_deepseek import DTYPE_FLAGS, MTP_FLAGS, write_tiny_deepseek
 
-from .helpers import TENANTS, assert_greedy_equal, auth, greedy_one_by_one, random_prompt, write_tenants_file
+from .helpers import (
+    TENANTS,
+    assert_greedy_equal,
+    generate_to_length,
+    greedy_one_by_one,
+    internal_command,
+    post_ids,
+    random_prompt,
+    server_info,
+    tree_state,
+    write_tenants_file,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -75,40 +86,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str], varia
         srv.stop()
 
 
-def _generate(server: ServerProcess, key: str, ids: list[int], **extra: object) -> tuple[int, dict]:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0,
-                                                  "ignore_eos": True}, **extra}  # fmt: skip
-    return server.post("/generate", body, headers=auth(key), timeout_s=300)
-
-
-def _ok(server: ServerProcess, key: str, ids: list[int]) -> dict:
-    status, out = _generate(server, key, ids)
-    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length", (status, out)
-    return out
-
-
-def _info(server: ServerProcess, keys: dict[str, str]) -> dict:
-    status, info = server.get_with("/get_server_info", auth(keys["admin"]))
-    assert status == 200
-    return info
-
-
-def _tree(server: ServerProcess, keys: dict[str, str]) -> dict:
-    return _info(server, keys)["internal_states"][0]["sglang_iso"]["tree_cache"]
-
-
-def _admin(server: ServerProcess, keys: dict[str, str], command: str) -> bool:
-    status, out = server.post("/set_internal_state", {"server_args": {command: 1}}, headers=auth(keys["admin"]))
-    assert status == 200, out
-    return out == [True]
-
-
 def test_served_on_the_latent_pool_with_scrub_and_owner_check(
     server: ServerProcess, keys: dict[str, str], variant: str
 ) -> None:
-    info = _info(server, keys)
+    info = server_info(server, keys["admin"])
     assert info["attention_backend"] == ("triton" if variant == "triton-mtp" else "torch_native")
-    tree = _tree(server, keys)
+    tree = tree_state(server, keys["admin"])
     assert tree["kv_pool"] == "MLATokenToKVPool"
     assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "on"
     if variant == "triton-mtp":
@@ -119,12 +102,12 @@ def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one
     server: ServerProcess, keys: dict[str, str], variant: str
 ) -> None:
     prompt = random_prompt(PROMPT_LEN)
-    first = _ok(server, keys["acme"], prompt)
+    first = generate_to_length(server, keys["acme"], prompt, NEW_TOKENS)
     assert first["meta_info"]["cached_tokens"] == 0
-    repeat = _ok(server, keys["acme"], prompt)  # positive control
+    repeat = generate_to_length(server, keys["acme"], prompt, NEW_TOKENS)  # positive control
     # the scheduler looks up all tokens but the last; MTP's pair keys cover one position fewer
     assert repeat["meta_info"]["cached_tokens"] == PROMPT_LEN - (2 if variant == "triton-mtp" else 1)
-    other = _ok(server, keys["globex"], prompt)  # isolation
+    other = generate_to_length(server, keys["globex"], prompt, NEW_TOKENS)  # isolation
     assert other["meta_info"]["cached_tokens"] == 0
     if variant == "triton-mtp":
         # NOTE: upstream SGLang's MTP on this model is not lossless on CPU: plain SGLang gives two identical
@@ -135,45 +118,48 @@ def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one
             assert_greedy_equal(r["output_ids"][:1], reference, gaps)
     else:
         assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]
-    different = _ok(server, keys["acme"], [prompt[0], *reversed(prompt[1:])])  # the output depends on the context
+    reordered = [prompt[0], *reversed(prompt[1:])]
+    different = generate_to_length(server, keys["acme"], reordered, NEW_TOKENS)  # the output depends on the context
     assert different["output_ids"] != first["output_ids"]
     if variant == "triton-mtp":
         assert first["meta_info"]["spec_verify_ct"] > 0  # it did draft with the MTP layer
-    assert _tree(server, keys)["owner_violations"] == 0
+    assert tree_state(server, keys["admin"])["owner_violations"] == 0
 
 
 def test_forged_fields_are_refused_naming_them(server: ServerProcess, keys: dict[str, str]) -> None:
     prompt = random_prompt(12)
     for field, value in (("extra_key", "globex"), ("bootstrap_room", 1), ("data_parallel_rank", 0)):
-        status, out = _generate(server, keys["acme"], prompt, **{field: value})
+        status, out = post_ids(server, keys["acme"], prompt, NEW_TOKENS, **{field: value})
         assert status == 400 and out["error"]["param"] == field, (field, out)
-    _ok(server, keys["acme"], prompt)  # the same request without the field is served
+    generate_to_length(server, keys["acme"], prompt, NEW_TOKENS)  # the same request without the field is served
 
 
 def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
     server: ServerProcess, keys: dict[str, str]
 ) -> None:
-    _ok(server, keys["globex"], random_prompt(PROMPT_LEN))  # globex owns pages
-    before = _tree(server, keys)["owner_violations"]
-    assert _admin(server, keys, PLANT + "acme")
-    status, out = _generate(server, keys["acme"], random_prompt(12))
+    generate_to_length(server, keys["globex"], random_prompt(PROMPT_LEN), NEW_TOKENS)  # globex owns pages
+    before = tree_state(server, keys["admin"])["owner_violations"]
+    assert internal_command(server, keys["admin"], PLANT + "acme")
+    status, out = post_ids(server, keys["acme"], random_prompt(12), NEW_TOKENS)
     aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
     assert aborted or 400 <= status < 500, (status, out)
     assert "isolation violation" in str(out)
-    assert _tree(server, keys)["owner_violations"] > before
-    testing = _info(server, keys)["internal_states"][0]["sglang_iso_testing"]
+    assert tree_state(server, keys["admin"])["owner_violations"] > before
+    testing = server_info(server, keys["admin"])["internal_states"][0]["sglang_iso_testing"]
     assert testing["planted_read_zero"] >= 1  # the planted slot pointed into the all-zero latent page
-    _ok(server, keys["acme"], random_prompt(12))  # served normally afterwards
+    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)  # served normally afterwards
 
 
 def test_after_pool_pressure_every_free_latent_page_is_zero(
     server: ServerProcess, keys: dict[str, str], variant: str
 ) -> None:
-    assert _admin(server, keys, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
+    admin = keys["admin"]
+    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
     for i in range(6):  # 1.2 pools' worth of prompts across tenants: the tree evicts
-        _ok(server, keys["acme" if i % 2 else "globex"], random_prompt(POOL_TOKENS[variant] // 5))
-    assert _tree(server, keys)["scrubbed_pages"] > 0
-    assert _admin(server, keys, spec_plant.FREE_PAGES_ZERO)  # no free page holds data, target or draft pool
+        tenant = keys["acme" if i % 2 else "globex"]
+        generate_to_length(server, tenant, random_prompt(POOL_TOKENS[variant] // 5), NEW_TOKENS)
+    assert tree_state(server, admin)["scrubbed_pages"] > 0
+    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO)  # no free page holds data, target or draft pool
 
 
 @pytest.fixture

@@ -17,17 +17,13 @@ comparing outputs pass whatever the attention read).
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from sglang_iso.models import tiny_model_path
+from sglang_iso_testing.seeded_model import unit_draws, write_model_dir
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 DTYPE_FLAGS = ("--dtype", "float32")
 """SGLang serves a float32 checkpoint in float16 by default. A fresh prefill runs MLA decompressed and a cached
 prefix absorbed (with Triton): in float16 the two differ by more than this model's top-two logit gaps, so outputs of
@@ -95,13 +91,8 @@ def deepseek_config(*, experts: bool = True, dsa: bool = False) -> dict[str, Any
 
 def write_tiny_deepseek(directory: Path, *, experts: bool = True, dsa: bool = False, seed: int = 0) -> Path:
     """Write the model directory (config, tokenizer, seeded weights) to ``directory``; returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tiny_model_path() / name, directory / name)
     config = deepseek_config(experts=experts, dsa=dsa)
-    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    save_file(_weights(config, seed), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
+    return write_model_dir(directory, config, _weights(config, seed))
 
 
 def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
@@ -110,8 +101,7 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     latent, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
     nope, v_dim = config["qk_nope_head_dim"], config["v_head_dim"]
 
-    def draw(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * (1.0 / shape[-1]) ** 0.5  # unit-variance outputs
+    draw = unit_draws(gen)
 
     def norm() -> torch.Tensor:
         return torch.ones(hidden)
@@ -162,4 +152,4 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
         f"{mtp}.shared_head.head.weight": weights["lm_head.weight"].clone(),
         f"{mtp}.embed_tokens.weight": weights["model.embed_tokens.weight"].clone(),
     })  # fmt: skip
-    return {k: v.contiguous() for k, v in weights.items()}
+    return weights

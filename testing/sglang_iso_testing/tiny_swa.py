@@ -10,17 +10,13 @@ draws in the checkpoint names SGLang's loader reads, at a scale where attention 
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from sglang_iso.models import tiny_model_path
+from sglang_iso_testing.seeded_model import unit_draws, write_model_dir
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 WINDOW = 8
 """The config's ``sliding_window`` (Hugging Face's inclusive count; SGLang attends to ``WINDOW - 1`` earlier tokens)."""
 DTYPE_FLAGS = ("--dtype", "float32")
@@ -56,13 +52,8 @@ def laguna_config() -> dict[str, Any]:
 
 def write_tiny_swa(directory: Path, *, seed: int = 0) -> Path:
     """Write the model directory (config, tokenizer, seeded weights) to ``directory``; returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tiny_model_path() / name, directory / name)
     config = laguna_config()
-    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    save_file(_weights(config, seed), str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
+    return write_model_dir(directory, config, _weights(config, seed))
 
 
 def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
@@ -70,8 +61,7 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     hidden, vocab, head_dim = config["hidden_size"], config["vocab_size"], config["head_dim"]
     heads, kv_heads, width = config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
 
-    def draw(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * (1.0 / shape[-1]) ** 0.5  # unit-variance outputs
+    draw = unit_draws(gen)
 
     weights: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": torch.randn(vocab, hidden, generator=gen),
@@ -93,4 +83,4 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
             f"{p}.mlp.up_proj.weight": draw(width, hidden),
             f"{p}.mlp.down_proj.weight": draw(hidden, width),
         })  # fmt: skip
-    return {k: v.contiguous() for k, v in weights.items()}
+    return weights
