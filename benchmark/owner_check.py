@@ -3,9 +3,7 @@
 1. Per forward (no server): a decode batch of ``B`` requests with ``--context`` tokens each over a KV pool of
    ``P`` slots. ``off`` = the row gather every attention backend does anyway (``req_to_token[rows, :len]`` into
    one index stream); ``on`` = ``sanitize_rows`` (the check sglang-iso runs before every forward) plus the same
-   gather; ``per-request`` = the previous implementation for reference (one ``checked_gather_slots`` per
-   request over the whole owner table, with a host sync each), run up to ``--legacy-max-batch`` requests.
-   Times are the median of ``--repeats`` (CUDA-synchronized on a GPU). Goal: ``on - off`` flat in ``P``.
+   gather. Times are the median of ``--repeats`` (CUDA-synchronized on a GPU). Goal: ``on - off`` flat in ``P``.
 2. Serving (real servers, one at a time): upstream SGLang, sglang-iso with ``--kv-owner-check off`` and
    ``on``, all with ``--max-total-tokens --serving-pool``: median latency of one repeated
    ``--repeat-tokens``-token prompt (a cache hit after the first), and throughput of a shared-prefix workload
@@ -34,7 +32,7 @@ for path in (ROOT, ROOT / "python", ROOT / "sgl-kernel-patches"):
 
 import torch  # noqa: E402
 
-from sglang_iso_kernels import checked_gather_slots, sanitize_rows  # noqa: E402
+from sglang_iso_kernels import sanitize_rows  # noqa: E402
 
 FREE, ZERO_OWNER, ZERO_PAGE = -1, 0, 0
 SERVERS = ("upstream", "iso-off", "iso-on")
@@ -57,7 +55,7 @@ def _median_s(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
 
 
 def forward_cell(
-    pool: int, batch: int, context: int, page_size: int, repeats: int, legacy: bool, device: torch.device
+    pool: int, batch: int, context: int, page_size: int, repeats: int, device: torch.device
 ) -> dict[str, float]:
     """Time one (pool, batch) cell; every row holds only its own pages (the check finds nothing)."""
     cuda = device.type == "cuda"
@@ -99,17 +97,6 @@ def forward_cell(
     found = int(check().sum())
     if found:
         raise RuntimeError(f"benchmark rows are clean but the check refused {found} slots")
-    if legacy:
-
-        def per_request() -> None:
-            for b in range(batch):
-                checked = checked_gather_slots(
-                    req_to_token[b + 1, :context], page_owner, int(owners[b]),
-                    page_size=page_size, zero_page=ZERO_PAGE, allowed_extra=allowed[0],
-                )  # fmt: skip
-                int(checked.violations)  # the previous code read every count back
-
-        out["per_request_ms"] = 1e3 * _median_s(per_request, repeats, cuda)
     return out
 
 
@@ -128,8 +115,7 @@ def forward_bench(args: argparse.Namespace) -> list[dict[str, float]]:
         print(f"  pool={p} batch={b}: skipped ({b} x {args.context} tokens do not fit in the pool)", flush=True)
     results, t0 = [], time.monotonic()
     for i, (pool, batch) in enumerate(cells, 1):
-        legacy = batch <= args.legacy_max_batch
-        cell = forward_cell(pool, batch, args.context, args.page_size, args.repeats, legacy, device)
+        cell = forward_cell(pool, batch, args.context, args.page_size, args.repeats, device)
         results.append({"pool": float(pool), "batch": float(batch), **cell})
         elapsed = time.monotonic() - t0
         eta = elapsed / i * (len(cells) - i)
@@ -143,12 +129,11 @@ def _fmt(cell: dict[str, float]) -> str:
 
 
 def forward_table(results: list[dict[str, float]]) -> str:
-    rows = ["| pool slots | batch | tokens | off ms | on ms | on/off | check ms | per-request ms |", "|---" * 8 + "|"]
+    rows = ["| pool slots | batch | tokens | off ms | on ms | on/off | check ms |", "|---" * 7 + "|"]
     for r in results:
-        legacy = f"{r['per_request_ms']:.3f}" if "per_request_ms" in r else "-"
         rows.append(
             f"| {int(r['pool']):,} | {int(r['batch'])} | {int(r['tokens']):,} | {r['off_ms']:.3f} | {r['on_ms']:.3f} | "
-            f"{r['on_ms'] / r['off_ms']:.2f} | {r['on_ms'] - r['off_ms']:.3f} | {legacy} |"
+            f"{r['on_ms'] / r['off_ms']:.2f} | {r['on_ms'] - r['off_ms']:.3f} |"
         )
     return "\n".join(rows)
 
@@ -245,10 +230,6 @@ def plot(path: Path, forward: list[dict[str, float]], serving: dict[str, dict[st
             "o-",
             label=f"check, B={int(batch)}",
         )
-        legacy = [r for r in rs if "per_request_ms" in r]
-        if legacy:
-            ax.plot([r["pool"] for r in legacy], [r["per_request_ms"] for r in legacy], "x--",
-                    label=f"per-request (before), B={int(batch)}")  # fmt: skip
     ax.set(xscale="log", yscale="log", xlabel="KV pool (token slots)", ylabel="ms per forward")
     ax.set_title("owner check cost per forward", fontsize=10)
     ax.legend(fontsize=7)
@@ -271,7 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads for the per-forward part on CPU")
-    p.add_argument("--legacy-max-batch", type=int, default=16, help="largest batch timed with the per-request check")
     p.add_argument("--skip-serving", action="store_true")
     p.add_argument("--serving-pool", type=int, default=8388608, help="--max-total-tokens of the serving runs")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)}")

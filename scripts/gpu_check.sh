@@ -7,8 +7,8 @@
 #   env        GPU, driver, python, torch, triton versions (fails when CUDA is not available)
 #   install    the CUDA package set (requirements/cuda.txt, pinned): skipped when sglang already imports; from WHEELS
 #              (a folder of wheels, offline) when set; else pip with the package index
-#   kernels    pytest test/kernels on the GPU: scrub kernel (slot pages and DSA index-key page rows), checked
-#              kv-index builder, the batched row check
+#   kernels    pytest test/kernels on the GPU: scrub kernel (slot pages and DSA index-key page rows), the
+#              batched row check
 #              (the speculative-op stand-ins too when sglang imports)
 #   bench      benchmark/owner_check.py per-forward table (pool 64k..32M, batch 1..256) + PNG, and the scrub
 #              kernel's bandwidth (benchmark/scrub.py --skip-serving)

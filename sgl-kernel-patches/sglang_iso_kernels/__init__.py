@@ -1,8 +1,6 @@
 """Kernels that keep SGLang's KV pool safe to share across tenants.
 
 * :mod:`.scrub` -- zero freed KV pages in every layer's buffers (one Triton launch per row-size group).
-* :mod:`.kv_indices` -- build attention ``kv_indices`` while checking each page's owner; foreign or free
-  pages are redirected to an always-zero page and counted per request.
 * :mod:`.row_check` -- sanitize a whole batch's ``req_to_token`` row windows in place before the forward
   (adopt this step's pages, redirect foreign or free slots to the zero page), for every attention backend.
 
@@ -12,22 +10,10 @@ kernels run in Triton's interpreter (slow; for tests).
 
 from __future__ import annotations
 
-from sglang_iso_kernels.kv_indices import (
-    CheckedKvIndices,
-    CheckedSlots,
-    build_kv_indices_checked,
-    build_kv_indices_checked_torch,
-    checked_gather_slots,
-)
 from sglang_iso_kernels.row_check import sanitize_rows
 from sglang_iso_kernels.scrub import scrub_pages
 
 __all__ = [
-    "CheckedKvIndices",
-    "CheckedSlots",
-    "build_kv_indices_checked",
-    "build_kv_indices_checked_torch",
-    "checked_gather_slots",
     "sanitize_rows",
     "scrub_pages",
 ]
