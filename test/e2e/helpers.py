@@ -11,7 +11,7 @@ import random
 import string
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ TENANTS = ("acme", "globex", "initech", "hooli", "hooli-eu")
 SHARED_SYSTEM_PROMPT = " ".join(f"Rule {i}: answer politely and never reveal internal notes." for i in range(8))
 
 
-def write_tenants_file(directory: Path, keys: dict[str, str]) -> Path:
+def write_tenants_file(directory: Path, keys: Mapping[str, str | Sequence[str]]) -> Path:
     """The five tenants (two private, one with cache off, a group of two), a shared prefix for acme and globex."""
     cache = {"acme": "private", "globex": "private", "initech": "off", "hooli": "group:hooli"}
     cache["hooli-eu"] = "group:hooli"

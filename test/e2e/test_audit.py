@@ -21,7 +21,7 @@ import pytest
 
 from sglang_iso.audit import main
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port
 
 from .conftest import CPU_SIZES, start_iso_server
@@ -54,12 +54,10 @@ def upstream() -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def iso(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
-    path = write_tenants_file(tmp_path_factory.mktemp("audit-tenants"), keys)
     # A second key for acme: the same-tenant scope.
-    one = f'key_sha256 = ["{key_sha256(keys["acme"])}"]'
-    text = path.read_text()
-    assert text.count(one) == 1
-    path.write_text(text.replace(one, f'key_sha256 = ["{key_sha256(keys["acme"])}", "{key_sha256(keys["acme-2"])}"]'))
+    path = write_tenants_file(
+        tmp_path_factory.mktemp("audit-tenants"), {**keys, "acme": [keys["acme"], keys["acme-2"]]}
+    )
     server = start_iso_server("--tenants-file", str(path), "--enable-cache-report")
     try:
         server.start()

@@ -110,3 +110,26 @@ def test_accept_stats_only_for_admins(server: ServerProcess, keys: dict[str, str
     assert status == 200
     ngram = info["internal_states"][0]["sglang_iso"]["ngram"]
     assert ngram["corpus"] == "namespace" and ngram["namespace_corpora"] >= 2  # acme's and globex's, at least
+
+
+def test_erase_drops_the_tenants_draft_corpus_only(server: ServerProcess, keys: dict[str, str]) -> None:
+    """An erase receipt counts the tenant's NGRAM corpora (found through the scheduler's draft worker); the
+    other tenants' corpora stay (control: acme's repeat still drafts from acme's earlier output)."""
+    admin = auth(keys["admin"])
+    prompt = random_prompt()
+    fresh = generate_ids(server, keys["acme"], prompt)["meta_info"]["spec_accept_length"]
+    generate_ids(server, keys["globex"], prompt)
+
+    def corpora() -> int:
+        status, info = server.get_with("/get_server_info", admin)
+        assert status == 200
+        return int(info["internal_states"][0]["sglang_iso"]["ngram"]["namespace_corpora"])
+
+    before = corpora()
+    status, receipt = server.post("/iso/tenants/globex/erase", {}, headers=admin)
+    assert status == 200 and receipt["complete"], receipt
+    dropped = receipt["totals"]["ngram_corpora_dropped"]
+    assert dropped == 1 and corpora() == before - dropped
+    globex = generate_ids(server, keys["globex"], prompt)["meta_info"]["spec_accept_length"]
+    acme = generate_ids(server, keys["acme"], prompt)["meta_info"]["spec_accept_length"]
+    assert globex == fresh < acme, (fresh, globex, acme)  # globex drafts from an empty corpus again, acme not

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,21 +12,16 @@ from sglang_iso.integration import dp_routing
 from sglang_iso.integration.front import state
 from sglang_iso.server.dp import tenant_rank
 from sglang_iso.server.gate import STATE_TENANT
-from sglang_iso.tenancy.config import load_tenants_file
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.config import TenantsConfig, load_tenants_file
+from sglang_iso_testing.tenants import write_tenants_file
 
 DP = 4
 
 
-def _config(folder: Path, group: str | None):  # type: ignore[no-untyped-def]
+def _config(folder: Path, group: str | None) -> TenantsConfig:
     folder.mkdir(exist_ok=True)
-    (folder / "s.key").write_bytes(secrets.token_bytes(32))
-    lines = ['namespace_secret_file = "s.key"', "[[tenants]]", 'id = "acme"',
-             f'key_sha256 = ["{key_sha256(new_api_key())}"]']  # fmt: skip
-    if group is not None:
-        lines.append(f'cache = "group:{group}"')
-    (folder / "t.toml").write_text("\n".join(lines) + "\n")
-    return load_tenants_file(str(folder / "t.toml"))
+    fields = {"cache": f"group:{group}"} if group is not None else {}
+    return load_tenants_file(str(write_tenants_file(folder, {"acme": fields}, name="t.toml").path))
 
 
 def _routed(tenant: str | None) -> int | None:

@@ -114,7 +114,8 @@ def test_tenant_flush_forgets_its_text_only() -> None:
     corpus = _corpus()
     _put(corpus, _req("a0", "acme"), TEXT)
     _put(corpus, _req("b0", "beta"), TEXT)
-    assert flush_tenant("acme") >= 1
+    scheduler = SimpleNamespace(draft_worker=SimpleNamespace(ngram_corpus=corpus))
+    assert flush_tenant(scheduler, "acme") >= 1
     a, b = _drafts(corpus, [_req("a1", "acme"), _req("b1", "beta")], TEXT[:3])
     assert _hits(a) == 0 and _hits(b) >= 2  # beta's own text still drafts (control)
 
@@ -126,3 +127,16 @@ def test_cache_off_tenant_text_is_kept_nowhere() -> None:
     i, a = _drafts(corpus, [_req("i1", "initech"), _req("a1", "acme")], TEXT[:3])
     assert _hits(i) == 0 and _hits(a) >= 2
     assert len(corpus.namespaces()) == 1
+
+
+def test_status_and_flush_find_the_corpus_through_the_scheduler() -> None:
+    from sglang_iso.integration.spec_ngram import flush_tenant, status
+
+    corpus = _corpus()
+    _put(corpus, _req("a0", "acme"), TEXT)
+    _put(corpus, _req("b0", "beta"), TEXT)
+    scheduler = SimpleNamespace(draft_worker=SimpleNamespace(ngram_corpus=corpus))
+    assert status(scheduler) == {"corpus": "namespace", "namespace_corpora": 2, "dropped_corpora": 0}
+    assert flush_tenant(scheduler, "*") == 2 and status(scheduler)["namespace_corpora"] == 0
+    for other in (SimpleNamespace(draft_worker=None), SimpleNamespace(draft_worker=SimpleNamespace(ngram_corpus=[]))):
+        assert status(other) is None and flush_tenant(other, "acme") == 0  # no NGRAM, or upstream's shared corpus

@@ -94,7 +94,7 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
             report["erase_receipts"] = dict(tree_cache.erase_receipts)
         from sglang_iso.integration import spec_ngram
 
-        ngram = spec_ngram.status()
+        ngram = spec_ngram.status(controller.scheduler)
         if ngram is not None:
             report["ngram"] = ngram
         from sglang_iso.integration import runtime
@@ -108,12 +108,13 @@ def report_internal_state(result: Any, controller: Any, *_args: Any, **_kwargs: 
 ERASE_RECEIPTS_KEPT = 64
 
 
-def _erase(tree_cache: Any, command: commands.Command) -> None:
+def _erase(scheduler: Any, command: commands.Command) -> None:
     """Erase an owner's cache in this rank and keep the receipt for the HTTP process to read back."""
     from sglang_iso.integration.spec_ngram import flush_tenant
 
+    tree_cache = scheduler.tree_cache
     owner, receipt_id = commands.erase_parts(command)
-    receipt = {**tree_cache.erase_owner(owner), "ngram_corpora_dropped": flush_tenant(owner)}
+    receipt = {**tree_cache.erase_owner(owner), "ngram_corpora_dropped": flush_tenant(scheduler, owner)}
     receipts = tree_cache.erase_receipts
     receipts[receipt_id] = receipt
     while len(receipts) > ERASE_RECEIPTS_KEPT:
@@ -162,11 +163,11 @@ def handle_iso_commands(original: Any, controller: Any, recv_req: Any, *args: An
         elif command.kind in ("pd_status", "pd_reclaim"):
             ok = ok and _pd_command(command)
         elif command.kind == "erase":
-            _erase(tree_cache, command)
+            _erase(controller.scheduler, command)
         else:
             released = tree_cache.flush_owner(command.argument)
             from sglang_iso.integration.spec_ngram import flush_tenant
 
-            flush_tenant(command.argument)  # and its NGRAM draft text, if any
+            flush_tenant(controller.scheduler, command.argument)  # and its NGRAM draft text, if any
             logger.warning("sglang-iso: flushed tenant %s (%d tokens released)", command.argument, released)
     return SetInternalStateReqOutput(updated=ok)

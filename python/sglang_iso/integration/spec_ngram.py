@@ -14,7 +14,9 @@ namespace (``identity/tags.py``, verified from the request's ``extra_key``):
 The worker's ``ngram_corpus`` is replaced by :class:`NamespacedNgramCorpus`
 right after ``NGRAMWorker.__init__``; around ``_prepare_draft_tokens`` and
 ``_update_ngram_corpus`` the batch's namespaces (in ``batch.reqs`` order) are
-bound to it, so ``batch_get``/``batch_put`` split the batch by namespace.
+bound to it, so ``batch_get``/``batch_put`` split the batch by namespace. The corpus is
+found again through the scheduler that owns the worker (``scheduler.draft_worker``), for
+status and for a tenant's flush or erase: no process-level registry.
 
 ``SGLANG_ISO_NGRAM_CORPUS=shared`` keeps upstream's single corpus, an explicit
 operator choice: accept rates then reveal other tenants' text (a timing channel).
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import weakref
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 _EMPTY_CAPACITY = 64
 _MAX_RESOLVED = 4096
-_INSTANCES: weakref.WeakSet[NamespacedNgramCorpus] = weakref.WeakSet()  # this process's partitioned corpora
 
 
 def partition_corpus(_result: None, worker: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -94,22 +94,26 @@ def bind_batch(original: Any, worker: Any, batch: Any, *args: Any, **kwargs: Any
         corpus.unbind()
 
 
-def status() -> dict[str, Any] | None:
+def corpus_of(scheduler: Any) -> NamespacedNgramCorpus | None:
+    """The partitioned corpus of ``scheduler``'s NGRAM draft worker; None without one (no NGRAM, or the
+    operator's ``shared`` mode)."""
+    corpus = getattr(getattr(scheduler, "draft_worker", None), "ngram_corpus", None)
+    return corpus if isinstance(corpus, NamespacedNgramCorpus) else None
+
+
+def status(scheduler: Any) -> dict[str, Any] | None:
     """For /get_server_info (admin only): the corpus mode and how many namespace corpora exist; None
-    without NGRAM in this process. Counts only, never which tenants."""
-    corpora = list(_INSTANCES)
-    if not corpora:
+    without a partitioned corpus. Counts only, never which tenants."""
+    corpus = corpus_of(scheduler)
+    if corpus is None:
         return None
-    return {
-        "corpus": "namespace",
-        "namespace_corpora": sum(len(c.namespaces()) for c in corpora),
-        "dropped_corpora": sum(c.dropped for c in corpora),
-    }
+    return {"corpus": "namespace", "namespace_corpora": len(corpus.namespaces()), "dropped_corpora": corpus.dropped}
 
 
-def flush_tenant(tenant: str) -> int:
-    """Drop the NGRAM corpora of ``tenant``'s namespaces (``"*"``: all) in this process; returns how many."""
-    return sum(corpus.drop_tenant(tenant) for corpus in list(_INSTANCES))
+def flush_tenant(scheduler: Any, tenant: str) -> int:
+    """Drop the NGRAM corpora of ``tenant``'s namespaces (``"*"``: all) in ``scheduler``; returns how many."""
+    corpus = corpus_of(scheduler)
+    return corpus.drop_tenant(tenant) if corpus is not None else 0
 
 
 def _resolver(settings: Settings) -> tuple[Any, frozenset[str]]:
@@ -148,7 +152,6 @@ class NamespacedNgramCorpus:
         self._resolved: dict[tuple[str | None, str | None], str | None] = {}
         self._bound: list[tuple[str, str | None]] | None = None  # (rid, namespace) of the batch being served
         self.dropped = 0  # namespace corpora dropped to stay under max_namespaces
-        _INSTANCES.add(self)
 
     # ----------------------------------------------------------- binding
     def bind(self, reqs: list[Any]) -> None:

@@ -72,17 +72,13 @@ def test_refusals_name_the_flag(argv: list[str], tenants: str | None, message: s
 
 def test_launcher_refuses_a_malformed_tier_quota_naming_the_field(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     from sglang_iso.launch_server import main
-    from sglang_iso.tenancy.keys import key_sha256, new_api_key
+    from sglang_iso_testing.tenants import write_tenants_file
 
-    (tmp_path / "s.key").write_text("ab" * 32)  # hex: 32 bytes
-    tenants = tmp_path / "t.toml"
-    tenants.write_text(
-        'namespace_secret_file = "s.key"\n[[tenants]]\nid = "acme"\n'
-        f'key_sha256 = ["{key_sha256(new_api_key())}"]\nl3_quota_tokens = "lots"\n'
-    )
+    made = write_tenants_file(tmp_path, {"acme": {"l3_quota_tokens": "lots"}})
+    tenants = made.path
     argv = [*HI, "--hicache-storage-backend", "file", "--tenants-file", str(tenants), "--iso-dry-run"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "tenants[0].l3_quota_tokens" in err and "got string" in err
-    tenants.write_text(tenants.read_text().replace('"lots"', "4096"))
+    write_tenants_file(tmp_path, {"acme": {"l3_quota_tokens": 4096}}, keys=made.keys, secret=made.secret)
     assert main(argv) == 0  # control: the same file with a valid value starts

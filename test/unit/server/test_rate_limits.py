@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ from sglang_iso.server.rate_limits import (
     used_tokens,
 )
 from sglang_iso.tenancy.config import load_tenants_file
-from sglang_iso.tenancy.keys import KeyIndex, key_sha256, new_api_key
+from sglang_iso.tenancy.keys import KeyIndex, new_api_key
+from sglang_iso_testing.tenants import write_tenants_file
 
 
 class Clock:
@@ -174,15 +174,9 @@ def test_bucket_never_exceeds_its_size_and_refusals_take_nothing(ops: list[tuple
 KEYS = {"acme": new_api_key(), "globex": new_api_key()}
 
 
-def tenants_file(tmp_path: Path, acme_lines: str) -> Path:
-    (tmp_path / "s.key").write_bytes(secrets.token_bytes(32))
-    path = tmp_path / "t.toml"
-    path.write_text(
-        'namespace_secret_file = "s.key"\n'
-        f'[[tenants]]\nid = "acme"\nkey_sha256 = ["{key_sha256(KEYS["acme"])}"]\n{acme_lines}\n'
-        f'[[tenants]]\nid = "globex"\nkey_sha256 = ["{key_sha256(KEYS["globex"])}"]\n'
-    )
-    return path
+def tenants_file(tmp_path: Path, acme: dict[str, Any]) -> Path:
+    """acme with the fields ``acme``, globex with none (the harness's builder: keys hashed, TOML checked)."""
+    return write_tenants_file(tmp_path, {"acme": acme, "globex": {}}, keys=KEYS, admin=False).path
 
 
 def usage_app(prompt: int, completion: int, *, wait: asyncio.Event | None = None) -> Any:
@@ -197,8 +191,8 @@ def usage_app(prompt: int, completion: int, *, wait: asyncio.Event | None = None
     return app
 
 
-def gate_for(tmp_path: Path, acme_lines: str, app: Any, clock: Clock) -> tuple[TenantGate, RateLimiter, Admission]:
-    config = load_tenants_file(tenants_file(tmp_path, acme_lines))
+def gate_for(tmp_path: Path, acme: dict[str, Any], app: Any, clock: Clock) -> tuple[TenantGate, RateLimiter, Admission]:
+    config = load_tenants_file(tenants_file(tmp_path, acme))
 
     def rate_limits(tenant: str) -> RateLimits:
         t = config.tenants[tenant]
@@ -235,7 +229,7 @@ async def ask(gate: TenantGate, tenant: str, body: dict[str, Any], receive: Any 
 
 def test_gate_429s_a_tenant_over_its_tokens_with_headers_and_settles(tmp_path: Path) -> None:
     clock = Clock()
-    g, rates, _ = gate_for(tmp_path, "tokens_per_minute = 100", usage_app(4, 6), clock)
+    g, rates, _ = gate_for(tmp_path, {"tokens_per_minute": 100}, usage_app(4, 6), clock)
     body = {"prompt": "abcd", "max_tokens": 60}  # reserves 64, serves 10
 
     async def run() -> None:
@@ -259,7 +253,7 @@ def test_gate_queues_up_to_the_limit_then_429s_and_a_leaver_leaves_the_queue(tmp
     release = asyncio.Event()
     clock = Clock()
     g, _, admission = gate_for(
-        tmp_path, "max_concurrent_requests = 1\nmax_queued_requests = 1", usage_app(1, 1, wait=release), clock
+        tmp_path, {"max_concurrent_requests": 1, "max_queued_requests": 1}, usage_app(1, 1, wait=release), clock
     )
 
     async def run() -> None:
@@ -301,11 +295,11 @@ def test_gate_queues_up_to_the_limit_then_429s_and_a_leaver_leaves_the_queue(tmp
 
 
 @pytest.mark.parametrize("field", ["requests_per_minute", "tokens_per_minute", "max_queued_requests"])
-@pytest.mark.parametrize("value", ["0", "-5", "1.5", "true", '"10"'])
-def test_a_bad_limit_is_a_startup_error_naming_the_field(tmp_path: Path, field: str, value: str) -> None:
+@pytest.mark.parametrize("value", [0, -5, 1.5, True, "10"])
+def test_a_bad_limit_is_a_startup_error_naming_the_field(tmp_path: Path, field: str, value: object) -> None:
     from sglang_iso.tenancy.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"tenants\[0\]\.{field}"):
-        load_tenants_file(tenants_file(tmp_path, f"{field} = {value}"))
-    config = load_tenants_file(tenants_file(tmp_path, f"{field} = 7"))  # positive control: a valid value loads
+        load_tenants_file(tenants_file(tmp_path, {field: value}))
+    config = load_tenants_file(tenants_file(tmp_path, {field: 7}))  # positive control: a valid value loads
     assert getattr(config.tenants["acme"], field) == 7
