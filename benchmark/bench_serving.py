@@ -30,6 +30,11 @@ request throughput (median of rounds), TTFT median and P99 (over all requests of
 share of prompt tokens the prefix cache supplied (from SGLang's prefill-batch log lines, so both servers are seen
 to reuse the same); the table prints iso/upstream ratios and the spread of the rounds. ``--plot`` writes the TTFT
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
+
+``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
+``py-spy record --subprocesses`` while each level runs, writes the collapsed stacks to
+``DIR/<server>-<level>.txt`` and prints, per process, the share of samples in each of sglang-iso's modules (the
+outermost sglang-iso frame of a stack), in the model forward and idle; the sampler costs both servers the same.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,8 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from sglang_iso.models import tiny_model_path
-from sglang_iso.tenancy.keys import key_sha256, new_api_key
+from sglang_iso.tenancy.keys import new_api_key
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.tenants import write_tenants_file
 
 SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
 """Same KV pool and batch limits for both servers (those of the measurement in the tail-latency issue)."""
@@ -127,17 +135,65 @@ def p99(values: list[float]) -> float:
 
 def write_tenants(directory: Path) -> tuple[Path, str, list[str]]:
     """A tenants file with one big tenant and :data:`TENANTS` others, all with room for the whole load; their keys."""
-    (directory / "secret.key").write_bytes(os.urandom(32))
-    solo, many = new_api_key(), [new_api_key() for _ in range(TENANTS)]
-    lines = ['namespace_secret_file = "secret.key"', f'admin_key_sha256 = ["{key_sha256(new_api_key())}"]', ""]
-    lines += ["[[tenants]]", 'id = "solo"', f'key_sha256 = ["{key_sha256(solo)}"]', "max_concurrent_requests = 64"]
-    lines += ["kv_share = 1.0", ""]
-    for i, key in enumerate(many):
-        lines += ["[[tenants]]", f'id = "tenant{i}"', f'key_sha256 = ["{key_sha256(key)}"]']
-        lines += ["max_concurrent_requests = 64", "kv_share = 1.0", ""]
-    path = directory / "tenants.toml"
-    path.write_text("\n".join(lines))
-    return path, solo, many
+    roomy = {"max_concurrent_requests": 64, "kv_share": 1.0}
+    ids = ["solo", *(f"tenant{i}" for i in range(TENANTS))]
+    made = write_tenants_file(directory, {tenant: roomy for tenant in ids}, keys={t: new_api_key() for t in ids})
+    return made.path, made.keys["solo"], [made.keys[t] for t in ids[1:]]
+
+
+class Profiler:
+    """``py-spy record`` of a server's process tree for the duration of one level (see the module doc)."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        self.out = out
+        argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--idle", "--rate", "50",
+                "--format", "raw", "--output", str(out)]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> str:
+        """Stop sampling; the per-process share table."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        if not self.out.exists():
+            return f"    (py-spy wrote nothing: {err.strip()[-300:]})"
+        return profile_shares(self.out.read_text())
+
+
+IDLE_FRAMES = ("select (", "poll (", "epoll", "recv_pyobj", "_recv", "wait (", "sleep", "acquire (")
+"""Frames (innermost) that mean the process waits: idle, not work."""
+
+
+def profile_shares(collapsed: str) -> str:
+    """Per process: samples, the model forward's share, the waiting share, and each sglang-iso module's share."""
+    per: dict[str, dict[str, int]] = {}
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        proc = re.sub(r"\s+", " ", frames[0])[:70]
+        row = per.setdefault(proc, {})
+        n = int(count)
+        row["total"] = row.get("total", 0) + n
+        if any(f.startswith(IDLE_FRAMES) for f in frames[-1:]):
+            row["waiting"] = row.get("waiting", 0) + n
+        if any(f.startswith("forward (") and "model_runner.py" in f for f in frames):
+            row["model forward"] = row.get("model forward", 0) + n
+        ours = next((f for f in frames if "sglang_iso" in f), None)
+        if ours is not None:
+            found = re.search(r"\((?:.*/)?(sglang_iso(?:_kernels)?/[\w/]+)\.py", ours)
+            module = found.group(1) if found else "sglang_iso (other)"
+            row[module] = row.get(module, 0) + n
+    lines = []
+    for proc, row in sorted(per.items(), key=lambda kv: -kv[1]["total"]):
+        total = row.pop("total")
+        parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in sorted(row.items(), key=lambda kv: -kv[1]))
+        lines.append(f"    {proc}: {total} samples; {parts}")
+    return "\n".join(lines)
 
 
 def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir: Path) -> tuple[float, list, list]:
@@ -216,6 +272,7 @@ def run_server(
     seed: int,
     workdir: Path,
     iso_args: tuple[str, ...] = (),
+    profile_dir: Path | None = None,
 ) -> dict[Level, tuple[float, list, list, float]]:
     port = free_port()
     if name == "upstream":
@@ -230,7 +287,15 @@ def run_server(
         for n, level in enumerate(levels):
             keys: list[str | None] = ([solo] if level.tenants == 1 else list(many)) if iso else [None]
             seen = len(server.log_text())
-            rate, ttfts, itls = run_level(server.base_url, level, keys, seed + 10 * n, workdir)
+            profiler = None
+            if profile_dir is not None and server.proc is not None:
+                slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
+                profiler = Profiler(server.proc.pid, profile_dir / f"{name}-{slug}.txt")
+            try:
+                rate, ttfts, itls = run_level(server.base_url, level, keys, seed + 10 * n, workdir)
+            finally:
+                if profiler is not None:
+                    print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
             new, cached = prefill_tokens(server.log_text()[seen:])
             out[level] = (rate, ttfts, itls, 100.0 * cached / (new + cached) if new + cached else float("nan"))
     finally:
@@ -302,7 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--iso-args", default="", help='extra sglang-iso flags, e.g. "--kv-owner-check off" (to measure a share)'
     )
+    p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     args = p.parse_args(argv)
+    profile_dir = Path(args.profile) if args.profile else None
+    if profile_dir is not None:
+        if shutil.which("py-spy") is None:
+            p.error("--profile needs py-spy on PATH (pip install py-spy)")
+        profile_dir.mkdir(parents=True, exist_ok=True)
     try:
         levels = parse_levels(args.levels)
     except ValueError as exc:
@@ -321,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                 done = 2 * r + order.index(name)
                 eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
                 print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
-                got = run_server(name, levels, tenants_file, solo, many, 1000 * (args.seed + r), Path(tmp), iso_args)
+                seed = 1000 * (args.seed + r)
+                got = run_server(name, levels, tenants_file, solo, many, seed, Path(tmp), iso_args, profile_dir)
                 for level, (rate, ttfts, itls, hit) in got.items():
                     s = results[name][level]
                     s.hit_pct.append(hit)

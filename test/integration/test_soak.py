@@ -23,8 +23,8 @@ def test_a_clean_run_finds_nothing_and_reuses(config: SoakConfig) -> None:
     soak = Soak(config)
     result = soak.run(1500)  # NOTE: the scrub runs its Triton kernel under the interpreter in tests
     assert result.failure is None, result.failure
-    tenant_pages = soak.owners.page_owner > soak.owners.zero_owner
-    assert int(tenant_pages.sum()) > 0 and soak.owners.violations == 0  # the ownership check ran on every request
+    tenant_pages = soak.page_owners.page_owner > soak.page_owners.zero_owner
+    assert int(tenant_pages.sum()) > 0 and soak.page_owners.violations == 0  # the ownership check ran on every request
     assert result.hit_tokens > 0 and result.matched_requests > 0  # positive control: same-tenant reuse happened
     assert result.checks >= 3 and result.verified_slots > result.hit_tokens  # the periodic checks verified again
     assert result.evictions > 0 and result.flushes > 0 and result.counts.get("finish", 0) > 0

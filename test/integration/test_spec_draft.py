@@ -51,7 +51,7 @@ def make(
     cache = TenantRadixCache(params, NamespaceResolver(None))
     cache.scrubber = KvScrubber(allocator, rows).install()
     if owners:
-        cache.owners = OwnerTable(cache).install()
+        cache.page_owners = OwnerTable(cache).install()
     runner = SimpleNamespace(req_to_token_pool=rows, token_to_kv_pool_allocator=allocator, token_to_kv_pool=draft)
     worker = SimpleNamespace(_draft_model_runners=lambda: (runner,), topk=1, adaptive_controller=None)
     return cache, allocator, draft, SimpleNamespace(tree_cache=cache, draft_worker=worker)
@@ -111,7 +111,7 @@ def test_without_the_draft_pool_its_residue_survives() -> None:
 
 def test_zero_page_is_zero_in_the_draft_pool(hook_applied: None) -> None:
     cache, _, draft, scheduler = make(owners=True)
-    zero = torch.arange(cache.owners.zero_page * PAGE, (cache.owners.zero_page + 1) * PAGE)
+    zero = torch.arange(cache.page_owners.zero_page * PAGE, (cache.page_owners.zero_page + 1) * PAGE)
     _poison(draft, zero)
     spec_draft.attach_draft_pools(scheduler)
     assert torch.count_nonzero(_rows(draft, zero)) == 0
@@ -170,7 +170,7 @@ def test_decode_step_window_is_sanitized_before_the_draft_plans(
 ) -> None:
     cache, allocator, _, scheduler = make(owners=True)
     spec_draft.attach_draft_pools(scheduler)
-    table = cache.owners
+    table = cache.page_owners
     monkeypatch.setattr(runtime, "_active", runtime.SchedulerRuntime(settings.current(), cache, table, None))
     a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
     for slot, ns in ((a, "ns-a"), (b, "ns-b")):

@@ -113,7 +113,7 @@ class Soak:
                                  page_size=ps)  # fmt: skip
         self.cache = TenantRadixCache(params, NamespaceResolver(secret), policies)
         self.cache.scrubber = KvScrubber(self.allocator, rows).install()
-        self.cache.owners = self.owners = OwnerTable(self.cache).install()
+        self.cache.page_owners = self.page_owners = OwnerTable(self.cache).install()
         if config.host_tokens:
             self.cache.host = HostCache(self.cache, config.host_tokens)
             self.cache.tree.set_spill(self.cache.host.spill)
@@ -196,7 +196,7 @@ class Soak:
         row, n = rows[0], int(value.numel())
         self.rows.req_to_token[row, :n] = value.to(self.rows.req_to_token.dtype)
         window = torch.tensor([[row], [n], [done]])  # one tensor made, three views: rows, ends, write starts
-        self.owners.check_window(window[0], window[1], window[2], n)
+        self.page_owners.check_window(window[0], window[1], window[2], n)
         self.rows.free_rows([row])
 
     def _pick_tenant(self) -> str:
@@ -270,12 +270,12 @@ class Soak:
             if not slots:
                 continue
             pages = torch.tensor(slots, dtype=torch.int64) // ps
-            wrong = self.owners.page_owner[pages] != self.owners.slot_of(ns)
+            wrong = self.page_owners.page_owner[pages] != self.page_owners.slot_of(ns)
             if bool(wrong.any()):
                 i = int(torch.nonzero(wrong)[0])
                 raise SoakFailure(
                     f"page {int(pages[i])} of namespace {ns[:24]} is owner slot "
-                    f"{int(self.owners.page_owner[pages[i]])} in the ownership table, not {self.owners.slot_of(ns)}"
+                    f"{int(self.page_owners.page_owner[pages[i]])} in the ownership table, not {self.page_owners.slot_of(ns)}"
                 )
 
     def _no_violations(self) -> None:

@@ -81,14 +81,14 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     if settings.kv_owner_check and not cache.disable:
         from sglang_iso.integration import owner_check
 
-        cache.owners = owner_check.OwnerTable(cache).install()
+        cache.page_owners = owner_check.OwnerTable(cache).install()
     _attach_pd_guard(cache, ctx, settings, config.secret if config is not None else None)
     if config is not None and config.shared_prefixes and not cache.disable:
         from sglang_iso.integration.shared_prefixes import declare_shared_prefixes
 
         tokenizer = _server_tokenizer(ctx.server_args)
         declare_shared_prefixes(cache.tree, config, tokenizer, cache.page_size, cache.tree_key)
-    runtime.install(runtime.SchedulerRuntime(settings, cache, owners=cache.owners, pd_guard=cache.pd_guard))
+    runtime.install(runtime.SchedulerRuntime(settings, cache, page_owners=cache.page_owners, pd_guard=cache.pd_guard))
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
     return cache
 

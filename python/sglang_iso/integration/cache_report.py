@@ -66,9 +66,9 @@ class CacheReport:
             "rejected_tags": c.resolver.rejected_tags,
             "untagged_lookups": c.resolver.untagged,
             "kv_scrub": "off" if c.scrubber is None else "on-free",
-            "kv_owner_check": "off" if c.owners is None else "on",
+            "kv_owner_check": "off" if c.page_owners is None else "on",
             "owner_violations": 0,
-            **({} if c.owners is None else c.owners.status()),
+            **({} if c.page_owners is None else c.page_owners.status()),
             **({} if c.scrubber is None else c.scrubber.status()),
             **({} if c.host is None else c.host.status()),
         }
@@ -164,7 +164,7 @@ class CacheReport:
             if m is not None:
                 m["violations"].labels(tenant=observability.UNVERIFIED_TENANT).inc(rejected)
             observability.audit("isolation_violation", tenant=None, reason="unverified namespace tag", count=rejected)
-        for owner, refused in ({} if c.owners is None else c.owners.violations_by_owner).items():
+        for owner, refused in ({} if c.page_owners is None else c.page_owners.violations_by_owner).items():
             delta = self._delta(f"{owner}/owner_violations", refused)
             if delta:
                 if m is not None:

@@ -294,11 +294,11 @@ class HostCache:
             if leftover:
                 self.cache.token_to_kv_pool_allocator.free(torch.tensor(leftover, dtype=torch.int64))
             loaded = max(result.stored_len - start, 0)
-            if loaded and self.cache.owners is not None:
+            if loaded and self.cache.page_owners is not None:
                 if shared is not None:
-                    self.cache.owners.mark_shared(slots.tolist()[:loaded], shared)
+                    self.cache.page_owners.mark_shared(slots.tolist()[:loaded], shared)
                 else:
-                    self.cache.owners.mark_owned(slots.tolist()[:loaded], ns)
+                    self.cache.page_owners.mark_owned(slots.tolist()[:loaded], ns)
             from_l3 = max(loaded - len(pages) * self.page_size, 0)
             if from_l3:
                 self._bump(page_ns, "l3_loaded_tokens", from_l3)

@@ -29,7 +29,7 @@ class SchedulerRuntime:
     """The process settings the parts below were built from."""
     cache: TenantRadixCache
     """The tenant tree cache SGLang's scheduler uses (its scrubber and host tier hang off it)."""
-    owners: OwnerTable | None
+    page_owners: OwnerTable | None
     """Page-ownership table checked before every forward; None with ``--kv-owner-check off`` or no cache."""
     pd_guard: PdGuard | None
     """Transfer quarantine and tag check on a prefill/decode worker; None elsewhere."""
@@ -53,7 +53,7 @@ def active() -> SchedulerRuntime | None:
 def owner_table() -> OwnerTable | None:
     """The page-ownership table of this process, if the owner check is on."""
     runtime = _active
-    return runtime.owners if runtime is not None else None
+    return runtime.page_owners if runtime is not None else None
 
 
 def pd_guard() -> PdGuard | None:

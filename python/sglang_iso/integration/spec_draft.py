@@ -92,7 +92,7 @@ def attach_draft_pools(scheduler: Any) -> int:
     runners = tuple(runners_of()) if callable(runners_of) else ()
     if cache is None or not runners or getattr(cache, "disable", True):
         return 0
-    if cache.scrubber is None and cache.owners is None:
+    if cache.scrubber is None and cache.page_owners is None:
         return 0
     problems = []
     for target in hook_table.missing(group="spec-draft"):
@@ -131,8 +131,8 @@ def attach_draft_pools(scheduler: Any) -> int:
             continue
         if cache.scrubber is not None:
             cache.scrubber.add_pool(tensors)
-        if cache.owners is not None:
-            cache.owners.add_draft_pool(tensors)
+        if cache.page_owners is not None:
+            cache.page_owners.add_draft_pool(tensors)
         added += tensors.total()
     if problems:
         raise NotCoveredError(f"sglang-iso: speculative draft model not covered: {'; '.join(problems)}")

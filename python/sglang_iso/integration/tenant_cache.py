@@ -114,7 +114,7 @@ class TenantRadixCache(BasePrefixCache):
         self.tree = TenantRadixTree(self.page_size, self._release_slots)
         self.scrubber: KvScrubber | SwaScrubber | None = None  # with --kv-scrub on-free (set by the factory)
         self.erase_receipts: dict[str, dict[str, int]] = {}  # receipt id -> what an erase dropped (newest last)
-        self.owners: OwnerTable | None = None  # with --kv-owner-check on (set by the factory)
+        self.page_owners: OwnerTable | None = None  # with --kv-owner-check on (set by the factory)
         self.pd_guard: PdGuard | None = None  # on a prefill/decode worker (set by the factory)
         self.host: HostCache | None = None  # with --enable-hierarchical-cache (set by the factory)
         self.kv_shares: KvShares | None = None  # per-owner KV shares with a tenants file (set by the factory)
@@ -207,10 +207,10 @@ class TenantRadixCache(BasePrefixCache):
             )
         # Slots in [stored, up_to) stay with the request and are freed at release.
         req.kv.cache_protected_len = max(protected, stored)
-        if self.owners is not None and stored:
+        if self.page_owners is not None and stored:
             route = self.tree.shared_route(ns, tokens[:stored])
             if route is not None:
-                self.owners.mark_shared(found.slots[: route[1]].tolist(), route[0])
+                self.page_owners.mark_shared(found.slots[: route[1]].tolist(), route[0])
         new_node = IsoNode(found.last_node, self._tensor(found.slots), ns) if stored else self.root_node
         self.unlock(req.lock)
         req.lock = self.lock(new_node)
@@ -256,7 +256,7 @@ class TenantRadixCache(BasePrefixCache):
     def protected_size(self) -> int:
         # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache,
         # so SGLang's idle accounting (available + evictable + protected == total) still balances.
-        reserved = self.owners.page_size if self.owners is not None else 0
+        reserved = self.page_owners.page_size if self.page_owners is not None else 0
         # Likewise pages a PD transfer may still touch, freed by their owner but held back (quarantined).
         if self.pd_guard is not None:
             reserved += self.pd_guard.held_tokens()
