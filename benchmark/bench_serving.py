@@ -32,9 +32,10 @@ to reuse the same); the table prints iso/upstream ratios and the spread of the r
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
 
 ``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
-``py-spy record --subprocesses`` while each level runs, writes the collapsed stacks to
-``DIR/<server>-<level>.txt`` and prints, per process, the share of samples in each of sglang-iso's modules (the
-outermost sglang-iso frame of a stack), in the model forward and idle; the sampler costs both servers the same.
+``py-spy record`` (one per process) while each level runs, writes the collapsed stacks to
+``DIR/<server>-<level>-<pid>-<process>.txt`` and prints, per process, the share of samples in each of sglang-iso's
+modules (the outermost sglang-iso frame of a stack, launchers left out) and in the model forward, of the samples
+where a thread was active; the sampler costs both servers the same.
 """
 
 from __future__ import annotations
@@ -142,48 +143,67 @@ def write_tenants(directory: Path) -> tuple[Path, str, list[str]]:
 
 
 class Profiler:
-    """``py-spy record`` of a server's process tree for the duration of one level (see the module doc)."""
+    """``py-spy record`` of each process of a server (the HTTP process and its children) for one level."""
 
     def __init__(self, pid: int, out: Path) -> None:
+        import psutil
+
         self.out = out
-        argv = ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--idle", "--rate", "50",
-                "--format", "raw", "--output", str(out)]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        main = psutil.Process(pid)
+        self.procs: list[tuple[Path, subprocess.Popen[str]]] = []
+        for proc in (main, *main.children(recursive=True)):
+            name = re.sub(r"\W+", "-", proc.name()).strip("-") or "process"
+            path = out.with_name(f"{out.stem}-{proc.pid}-{name}.txt")
+            argv = ["py-spy", "record", "--pid", str(proc.pid), "--nonblocking", "--rate", "50", "--format", "raw",
+                    "--output", str(path)]  # fmt: skip
+            self.procs.append(
+                (path, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            )
 
     def stop(self) -> str:
         """Stop sampling; the per-process share table."""
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            _, err = self.proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        if not self.out.exists():
-            return f"    (py-spy wrote nothing: {err.strip()[-300:]})"
-        return profile_shares(self.out.read_text())
+        lines, collapsed = [], []
+        for path, proc in self.procs:
+            proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if not path.exists():
+                lines.append(f"    {path.name}: py-spy wrote nothing ({err.strip()[-200:]})")
+                continue
+            label = path.stem.removeprefix(self.out.stem + "-")
+            collapsed += [f"process {label};{line}" for line in path.read_text().splitlines()]
+        return "\n".join([profile_shares("\n".join(collapsed)), *lines])
 
 
-IDLE_FRAMES = ("select (", "poll (", "epoll", "recv_pyobj", "_recv", "wait (", "sleep", "acquire (")
-"""Frames (innermost) that mean the process waits: idle, not work."""
+ENTRY_FRAMES = re.compile(r"sglang_iso/(launch_server|baseline_server|cli|integration/server)\.py")
+"""Our frames under which a whole process runs (the launchers), left out when a stack is attributed."""
+IDLE_FRAMES = ("wait", "recv_pyobj", "select", "poll", "sleep")
+"""Names ending the innermost function of a waiting thread (py-spy already leaves out most idle threads)."""
 
 
 def profile_shares(collapsed: str) -> str:
-    """Per process: samples, the model forward's share, the waiting share, and each sglang-iso module's share."""
+    """Per process: active samples, the model forward's share, and each sglang-iso module's share."""
     per: dict[str, dict[str, int]] = {}
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        proc = re.sub(r"\s+", " ", frames[0])[:70]
+        # NOTE: the first frame names the process ("process LABEL"), the frames after it are its stack.
+        proc, frames = frames[0].removeprefix("process "), frames[1:]
+        if not frames:
+            continue
+        if frames[-1].split(" (")[0].endswith(IDLE_FRAMES):
+            continue
         row = per.setdefault(proc, {})
         n = int(count)
         row["total"] = row.get("total", 0) + n
-        if any(f.startswith(IDLE_FRAMES) for f in frames[-1:]):
-            row["waiting"] = row.get("waiting", 0) + n
-        if any(f.startswith("forward (") and "model_runner.py" in f for f in frames):
+        if any(f.startswith("ModelRunner.forward (") for f in frames):
             row["model forward"] = row.get("model forward", 0) + n
-        ours = next((f for f in frames if "sglang_iso" in f), None)
+        ours = next((f for f in frames if "sglang_iso" in f and not ENTRY_FRAMES.search(f)), None)
         if ours is not None:
             found = re.search(r"\((?:.*/)?(sglang_iso(?:_kernels)?/[\w/]+)\.py", ours)
             module = found.group(1) if found else "sglang_iso (other)"

@@ -115,6 +115,14 @@ TEST_PLUGINS = EnvVar(
     "harness",
 )
 TESTING = EnvVar("SGLANG_ISO_TESTING", "'1': this server is started by the test harness", None, "harness")
+BASELINE = EnvVar(
+    "SGLANG_ISO_BASELINE",
+    "'1': `python -m sglang_iso.baseline_server`, plain upstream for comparison: the plugin applies the CPU shims "
+    "only (no sglang-iso hook, no tenant cache); sglang-iso's launcher refuses it, SGLANG_ISO_REQUIRE_TENANT_CACHE=1 "
+    "overrides it",
+    None,
+    "launcher",
+)
 
 ALL: tuple[EnvVar, ...] = (
     TENANTS_FILE,
@@ -140,6 +148,7 @@ ALL: tuple[EnvVar, ...] = (
     AUDIT_SAME_TENANT_KEY,
     TEST_PLUGINS,
     TESTING,
+    BASELINE,
 )
 """Every declared variable, in the order above."""
 

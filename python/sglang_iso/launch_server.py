@@ -48,9 +48,15 @@ def main(argv: list[str] | None = None) -> int:
 
             config = load_tenants_file(plan.tenants_file)
         launch_env = _launch_env(plan)
-        refusal = test_plugin_refusal(Settings.from_env({**os.environ, **launch_env}))  # NOTE: read by every process
+        launch_settings = Settings.from_env({**os.environ, **launch_env})  # NOTE: what every process will read
+        refusal = test_plugin_refusal(launch_settings)
         if refusal is not None:
             raise ValueError(refusal)
+        if launch_settings.baseline:
+            raise ValueError(
+                f"{envvars.BASELINE.name}=1 makes a plain upstream server without tenant isolation; refusing to "
+                "start sglang-iso with it (unset it)"
+            )
     except ValueError as exc:  # includes ConfigError, which names the file, field and line
         print(f"sglang-iso: error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Apply CPU compatibility, register the ``tenant`` backend and our hooks.
+    """Apply CPU compatibility, register the ``tenant`` backend and our hooks (in the comparison server,
+    ``SGLANG_ISO_BASELINE=1``, the CPU compatibility only, unless the tenant cache is required).
 
     Idempotent. If this raises, SGLang logs it and ``tenant`` stays unregistered,
     so a server launched by sglang-iso (which selects ``tenant``) refuses to start:
@@ -31,6 +32,11 @@ def register() -> None:
     from sglang_iso.platform import bootstrap
 
     bootstrap.apply()
+    if settings.baseline and not settings.require_tenant_cache:
+        logger.warning(
+            "sglang-iso: %s=1: plain upstream SGLang (CPU shims only, no tenant isolation)", envvars.BASELINE.name
+        )
+        return
 
     from sglang_iso.integration import registration
 

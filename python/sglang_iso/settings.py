@@ -73,6 +73,8 @@ class Settings:
     """The test harness started this server (``SGLANG_ISO_TESTING=1``)."""
     test_plugins: tuple[str, ...]
     """Test-only plugin modules loaded in every SGLang process (refused without :attr:`testing`)."""
+    baseline: bool
+    """This is the comparison server (plain upstream): the plugin registers no hook (``SGLANG_ISO_BASELINE=1``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -101,6 +103,7 @@ class Settings:
             test_plugins=tuple(
                 name for name in (n.strip() for n in (envvars.TEST_PLUGINS.get(env) or "").split(",")) if name
             ),
+            baseline=_switch(envvars.BASELINE, env),
         )
 
     @property

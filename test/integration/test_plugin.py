@@ -70,3 +70,36 @@ def test_factory_refuses_a_draft_model_with_the_host_tier(algorithm: str, monkey
     with pytest.raises(Exception) as err:  # positive control: NGRAM passes the refusals (then needs real pools)
         backend.build_tenant_cache(ngram)  # type: ignore[arg-type]
     assert "does not support" not in str(err.value)
+
+
+_REGISTERED = (
+    "import json; from sglang_iso import plugin; from sglang_iso.integration import hook_table;"
+    "from sglang.srt.mem_cache.registry import get_radix_cache_factory;"
+    "from sglang.srt.plugins.hook_registry import HookRegistry; plugin.register();"
+    "print(json.dumps([get_radix_cache_factory('tenant') is not None,"
+    " sum(bool(HookRegistry._hooks.get(t)) for t in hook_table.targets())]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "registers"),
+    [
+        ({}, True),  # positive control: an sglang-iso process
+        ({envvars.BASELINE.name: "1"}, False),  # the comparison server: plain upstream
+        ({envvars.BASELINE.name: "1", envvars.REQUIRE_TENANT_CACHE.name: "1"}, True),  # enforcement wins
+    ],
+)
+def test_the_comparison_server_registers_no_hook(env: dict[str, str], registers: bool) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k not in (envvars.BASELINE.name, envvars.REQUIRE_TENANT_CACHE.name)}
+    out = subprocess.run(
+        [sys.executable, "-c", _REGISTERED], env={**clean, **env}, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    backend_registered, hooked = json.loads(out.stdout.strip().splitlines()[-1])
+    assert backend_registered is registers
+    assert (hooked == len(hook_table.targets())) if registers else (hooked == 0), hooked

@@ -22,7 +22,7 @@ SETTINGS_VARS = (
     envvars.KV_OWNER_CHECK, envvars.AUDIT_LOG, envvars.L3_DIR, envvars.L3_MAX_BYTES, envvars.PD_DRAIN_TIMEOUT_S,
     envvars.BODY_TIMEOUT_S, envvars.MAX_BODY_READS, envvars.NGRAM_CORPUS, envvars.NGRAM_NS_CAPACITY,
     envvars.NGRAM_MAX_NAMESPACES, envvars.TESTING,
-    envvars.TEST_PLUGINS,
+    envvars.TEST_PLUGINS, envvars.BASELINE,
 )  # fmt: skip
 
 
@@ -33,7 +33,7 @@ def test_defaults_are_the_hardened_ones() -> None:
     assert s.pd_drain_timeout_s == float(envvars.PD_DRAIN_TIMEOUT_S.default or "nan")
     assert s.ngram_ns_capacity == int(envvars.NGRAM_NS_CAPACITY.default or 0) > 0
     assert (s.body_timeout_s, s.max_body_reads) == (gate.BODY_TIMEOUT_S, gate.MAX_BODY_READS)  # the gate's own
-    assert not s.require_tenant_cache and not s.testing and s.test_plugins == ()
+    assert not s.require_tenant_cache and not s.testing and s.test_plugins == () and not s.baseline
     assert s.scrub_mode == "on-free" and s.tenants() is None
 
 
@@ -77,6 +77,7 @@ def test_values_are_read() -> None:
         (envvars.NGRAM_MAX_NAMESPACES, "0"),
         (envvars.REQUIRE_TENANT_CACHE, "yes"),
         (envvars.TESTING, "true"),
+        (envvars.BASELINE, "yes"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_variable(variable: envvars.EnvVar, raw: str) -> None:

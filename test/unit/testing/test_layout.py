@@ -102,3 +102,16 @@ def test_the_plugin_refuses_test_plugins_without_the_switch(monkeypatch: pytest.
     monkeypatch.delenv(envvars.TESTING.name, raising=False)
     with pytest.raises(RuntimeError, match=envvars.TEST_PLUGINS.name):
         plugin.register()  # NOTE: raises before registering anything, so the tenant backend stays unregistered
+
+
+def test_launcher_refuses_the_comparison_servers_switch() -> None:
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "sglang_iso.cli", "serve", "--model-path", "m", "--iso-dry-run"]
+    env = {k: v for k, v in os.environ.items() if k != envvars.BASELINE.name}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, envvars.BASELINE.name: "1"})
+    assert out.returncode == 2 and envvars.BASELINE.name in out.stderr, out.stderr
+    control = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert control.returncode == 0, control.stderr[-2000:]  # the same launch without it plans a server
