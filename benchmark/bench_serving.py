@@ -34,8 +34,8 @@ distributions side by side. Progress (per level, with an ETA per server) goes to
 ``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
 ``py-spy record`` (one per process) while each level runs, writes the collapsed stacks to
 ``DIR/<server>-<level>-<pid>-<process>.txt`` and prints, per process, the share of samples in each of sglang-iso's
-modules (the outermost sglang-iso frame of a stack, launchers left out) and in the model forward, of the samples
-where a thread was active; the sampler costs both servers the same.
+modules (inclusive: the outermost sglang-iso frame of a stack, launchers left out; self: the innermost frame is
+ours) and in the model forward, of the samples where a thread was active; the sampler costs both servers the same.
 """
 
 from __future__ import annotations
@@ -184,8 +184,15 @@ IDLE_FRAMES = ("wait", "recv_pyobj", "select", "poll", "sleep")
 """Names ending the innermost function of a waiting thread (py-spy already leaves out most idle threads)."""
 
 
+def _module(frame: str) -> str:
+    found = re.search(r"\((?:.*/)?(sglang_iso(?:_kernels)?/[\w/]+)\.py", frame)
+    return found.group(1) if found else "sglang_iso (other)"
+
+
 def profile_shares(collapsed: str) -> str:
-    """Per process: active samples, the model forward's share, and each sglang-iso module's share."""
+    """Per process: active samples, the model forward's share, and each sglang-iso module's share: ``incl.``
+    with what it calls (the gate wraps SGLang's whole app), ``self`` in its own Python frames (torch ops it
+    calls included)."""
     per: dict[str, dict[str, int]] = {}
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -205,8 +212,10 @@ def profile_shares(collapsed: str) -> str:
             row["model forward"] = row.get("model forward", 0) + n
         ours = next((f for f in frames if "sglang_iso" in f and not ENTRY_FRAMES.search(f)), None)
         if ours is not None:
-            found = re.search(r"\((?:.*/)?(sglang_iso(?:_kernels)?/[\w/]+)\.py", ours)
-            module = found.group(1) if found else "sglang_iso (other)"
+            module = _module(ours) + " (incl.)"
+            row[module] = row.get(module, 0) + n
+        if "sglang_iso" in frames[-1] and not ENTRY_FRAMES.search(frames[-1]):
+            module = _module(frames[-1]) + " (self)"
             row[module] = row.get(module, 0) + n
     lines = []
     for proc, row in sorted(per.items(), key=lambda kv: -kv[1]["total"]):
