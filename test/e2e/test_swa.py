@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from sglang_iso import envvars
 from sglang_iso_testing import spec_plant
 from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
@@ -126,9 +127,11 @@ def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys
 
 def test_the_swa_sub_pool_layout_is_refused_at_start_naming_the_flag(model: Path) -> None:
     """SGLang's own launcher with the tenant cache and without the launcher's flag: SGLang builds its SWA sub-pool
-    layout, and the tenant cache factory refuses it."""
+    layout, and the tenant cache factory refuses it. (The comparison server registers sglang-iso's hooks and backend
+    only when the tenant cache is required.)"""
     port = free_port()
-    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, "--radix-cache-backend", "tenant"), port)
+    argv = baseline_server_argv(port, model, *SIZES, "--radix-cache-backend", "tenant")
+    srv = ServerProcess(argv, port, env={envvars.REQUIRE_TENANT_CACHE.name: "1"})
     with pytest.raises(ServerStartError) as err:
         srv.start(timeout_s=240)
     srv.keep_log = False  # an expected refusal: its log tail is in the error

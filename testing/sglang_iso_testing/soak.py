@@ -275,7 +275,8 @@ class Soak:
                 i = int(torch.nonzero(wrong)[0])
                 raise SoakFailure(
                     f"page {int(pages[i])} of namespace {ns[:24]} is owner slot "
-                    f"{int(self.page_owners.page_owner[pages[i]])} in the ownership table, not {self.page_owners.slot_of(ns)}"
+                    f"{int(self.page_owners.page_owner[pages[i]])} in the ownership table, "
+                    f"not {self.page_owners.slot_of(ns)}"
                 )
 
     def _no_violations(self) -> None:

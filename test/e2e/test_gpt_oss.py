@@ -1,0 +1,110 @@
+"""gpt-oss (sliding-window hybrid with attention sinks, MoE) under the guarantees, end to end on CPU.
+
+A tiny gpt-oss-shaped model written by the test (``sglang_iso_testing.tiny_gpt_oss``: sliding and full attention in
+turn, a window of 8 tokens, per-head sinks, four experts, seeded weights). Its sinks need the Triton attention
+backend (run here in Triton's interpreter); the launcher's ``--disable-hybrid-swa-memory`` keeps every layer's KV in
+one pool. Served with a tenants file, the owner check on and the test plugin loaded; with their positive controls in
+the same run: the same tenant's repeat of a prompt three windows long hits the cache while another tenant misses,
+and every output equals the no-cache one; a foreign slot planted into a request's row is redirected to the zero page
+and the request aborted; after pool pressure every free page is zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sglang_iso_testing import spec_plant
+from sglang_iso_testing.plant import COMMAND as PLANT
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess, free_port, iso_server_argv
+from sglang_iso_testing.tiny_gpt_oss import SERVE_FLAGS, WINDOW, write_tiny_gpt_oss
+
+from .helpers import (
+    TENANTS,
+    generate_to_length,
+    internal_command,
+    post_ids,
+    random_prompt,
+    server_info,
+    tree_state,
+    write_tenants_file,
+)
+
+pytestmark = pytest.mark.e2e
+
+PROMPT_LEN = 3 * WINDOW
+NEW_TOKENS = 6
+POOL_TOKENS = 1024
+SIZES = ("--max-total-tokens", str(POOL_TOKENS), "--max-running-requests", "4")
+
+
+@pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    from sglang_iso.tenancy.keys import new_api_key
+
+    return {name: new_api_key() for name in (*TENANTS, "admin")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    model = write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))
+    tenants = write_tenants_file(tmp_path_factory.mktemp("tenants"), keys)
+    port = free_port()
+    argv = iso_server_argv(port, model, *SIZES, *SERVE_FLAGS, "--tenants-file", str(tenants))
+    srv = ServerProcess(argv, port, env={**plant_env(), "TRITON_INTERPRET": "1"})
+    try:
+        srv.start(timeout_s=600)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_served_in_the_one_pool_layout_on_triton(server: ServerProcess, keys: dict[str, str]) -> None:
+    info = server_info(server, keys["admin"])
+    assert info["disable_hybrid_swa_memory"] is True and info["attention_backend"] == "triton"
+    tree = tree_state(server, keys["admin"])
+    assert tree["kv_pool"] == "MHATokenToKVPool"
+    assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "on"
+
+
+def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    prompt = random_prompt(PROMPT_LEN)
+    first = generate_to_length(server, keys["acme"], prompt, NEW_TOKENS)
+    assert first["meta_info"]["cached_tokens"] == 0
+    repeat = generate_to_length(server, keys["acme"], prompt, NEW_TOKENS)  # positive control
+    assert repeat["meta_info"]["cached_tokens"] == PROMPT_LEN - 1
+    other = generate_to_length(server, keys["globex"], prompt, NEW_TOKENS)  # isolation
+    assert other["meta_info"]["cached_tokens"] == 0
+    assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]  # a hit reads what a miss computes
+    reordered = [prompt[0], *reversed(prompt[1:])]
+    different = generate_to_length(server, keys["acme"], reordered, NEW_TOKENS)  # the output depends on the context
+    assert different["output_ids"] != first["output_ids"]
+    assert tree_state(server, keys["admin"])["owner_violations"] == 0
+
+
+def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    generate_to_length(server, keys["globex"], random_prompt(PROMPT_LEN), NEW_TOKENS)  # globex owns pages
+    before = tree_state(server, keys["admin"])["owner_violations"]
+    assert internal_command(server, keys["admin"], PLANT + "acme")
+    status, out = post_ids(server, keys["acme"], random_prompt(12), NEW_TOKENS)
+    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert aborted or 400 <= status < 500, (status, out)
+    assert "isolation violation" in str(out)
+    assert tree_state(server, keys["admin"])["owner_violations"] > before
+    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)  # served normally afterwards
+
+
+def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys: dict[str, str]) -> None:
+    admin = keys["admin"]
+    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
+    for i in range(6):  # 1.2 pools' worth of prompts across tenants: the tree evicts
+        tenant = keys["acme" if i % 2 else "globex"]
+        generate_to_length(server, tenant, random_prompt(POOL_TOKENS // 5), NEW_TOKENS)
+    assert tree_state(server, admin)["scrubbed_pages"] > 0
+    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO)
