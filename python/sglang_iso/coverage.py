@@ -114,6 +114,11 @@ class Features:
     """The model has SSM/Mamba layers (at the launcher: read from a local model directory's config)."""
     dsa: bool = False
     """The model uses DSA sparse attention (at the launcher: read from a local model directory's config)."""
+    attention_sinks: bool = False
+    """The model's attention takes per-head sink logits (gpt-oss; read from a local model directory's config)."""
+    attention_backends: frozenset[str] = frozenset()
+    """The attention backends named (``--attention-backend`` and the prefill/decode ones; at the launcher
+    ``torch_native`` on CPU when none is given, the launcher's default there)."""
     device: str | None = None
     """The device SGLang runs on (``--device``; at the launcher ``cpu`` when not given and CUDA is absent)."""
     kv_pool_class: str | None = None
@@ -155,6 +160,11 @@ class Features:
             bypass_env=frozenset(n for n in BYPASS_ENV if env.get(n, "").lower() in ("1", "true", "yes")),
             dsa=is_dsa_config(model_config or {}),
             hybrid_ssm=is_hybrid_ssm_config(model_config or {}),
+            attention_sinks=is_attention_sink_config(model_config or {}),
+            attention_backends=_backends(
+                [flag_value(argv, f) for f in ATTENTION_BACKEND_FLAGS],
+                cpu=(flag_value(argv, "--device") or (None if cuda_available else "cpu")) == "cpu",
+            ),
             device=flag_value(argv, "--device") or (None if cuda_available else "cpu"),
         )
 
@@ -169,6 +179,7 @@ class Features:
         hybrid_swa: bool = False,
         hybrid_ssm: bool = False,
         dsa: bool = False,
+        attention_sinks: bool = False,
         kv_pool_class: str | None = None,
         unscrubbed_tensors: frozenset[str] = frozenset(),
     ) -> Features:
@@ -192,6 +203,10 @@ class Features:
             hybrid_swa=hybrid_swa,
             hybrid_ssm=hybrid_ssm,
             dsa=dsa,
+            attention_sinks=attention_sinks,
+            attention_backends=_backends(
+                [get(f.removeprefix("--").replace("-", "_")) for f in ATTENTION_BACKEND_FLAGS]
+            ),
             device=get("device"),
             kv_pool_class=kv_pool_class,
             unscrubbed_tensors=unscrubbed_tensors,
@@ -288,12 +303,13 @@ FAMILIES: tuple[Family, ...] = (
         "`test/integration/test_pool_coverage.py` (SGLang's DSA indexer has no CPU path: refused on CPU)",
     ),
     Family(
-        "hybrid SWA in one pool (`--disable-hybrid-swa-memory`, the launcher's default): Laguna; gpt-oss, Llama 4 "
+        "hybrid SWA in one pool (`--disable-hybrid-swa-memory`, the launcher's default): Laguna, gpt-oss; Llama 4 "
         "in the same layout",
         "MHATokenToKVPool",
         "served with tenants",
-        "`test/e2e/test_swa.py` and the leak fuzzer (Laguna-shaped, torch_native: the window is an attention mask; "
-        "gpt-oss's attention sinks need the Triton backend)",
+        "`test/e2e/test_swa.py` and the leak fuzzer (Laguna-shaped, torch_native: the window is an attention mask); "
+        "`test/e2e/test_gpt_oss.py` (gpt-oss-shaped with sinks and experts, on the Triton backend: torch_native has "
+        "no sinks)",
     ),
     Family(
         "hybrid SWA in SGLang's SWA sub-pool layout",
@@ -358,6 +374,29 @@ HYBRID_SSM_MODEL_TYPES: frozenset[str] = frozenset(
 )  # fmt: skip
 """``model_type`` of every config class SGLang runs with recurrent state (``configs/hybrid_arch.py`` in the pinned
 wheel; ``test/integration/test_compat.py`` compares the two)."""
+
+
+ATTENTION_SINK_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
+"""Architectures whose attention passes per-head sink logits (``sinks=``), which the torch_native backend does not
+take (``test/integration/test_compat.py`` checks its signature)."""
+ATTENTION_BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+CPU_ATTENTION_BACKEND = "torch_native"
+"""The attention backend sglang-iso's launcher picks on CPU when none is given."""
+
+
+def is_attention_sink_config(config: Mapping[str, Any]) -> bool:
+    """True when a model's ``config.json`` (as a dict), or its text or language model's, names an architecture with
+    attention sinks."""
+    for section in (config, config.get("text_config"), config.get("llm_config")):
+        architectures = section.get("architectures") if isinstance(section, Mapping) else None
+        if isinstance(architectures, list) and ATTENTION_SINK_ARCHITECTURES & set(architectures):
+            return True
+    return False
+
+
+def _backends(named: Sequence[Any], *, cpu: bool = False) -> frozenset[str]:
+    given = frozenset(str(b) for b in named if b)
+    return given or (frozenset({CPU_ATTENTION_BACKEND}) if cpu else frozenset())
 
 
 def is_hybrid_ssm_config(config: Mapping[str, Any]) -> bool:
@@ -529,6 +568,15 @@ def _hybrid_ssm(f: Features) -> str | None:
     return "hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...: per-request recurrent state)"
 
 
+def _sinks_on_torch_native(f: Features) -> str | None:
+    if not f.attention_sinks or CPU_ATTENTION_BACKEND not in f.attention_backends:
+        return None
+    return (
+        "models with attention sinks (gpt-oss) on the torch_native attention backend (it takes no sinks): pass "
+        "--attention-backend triton (on CPU with TRITON_INTERPRET=1)"
+    )
+
+
 def _dsa_on_cpu(f: Features) -> str | None:
     if not f.dsa or f.device != "cpu":
         return None
@@ -641,6 +689,12 @@ ROWS: tuple[Row, ...] = (
         _hybrid_swa,
     ),
     Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _LS, "tree", _hybrid_ssm),
+    Row(
+        "models with attention sinks (gpt-oss) on the torch_native attention backend",
+        _LS,
+        "launch",
+        _sinks_on_torch_native,
+    ),
     Row("DSA sparse attention models (GLM-5, DeepSeek-V3.2, ...) on `--device cpu`", _LS, "tree", _dsa_on_cpu),
     Row("DSA sparse attention models with `--enable-hierarchical-cache`", _LS, "tree", _dsa_with_hicache),
     Row("DSA sparse attention models with `--disaggregation-mode`", _LS, "tree", _dsa_with_pd),

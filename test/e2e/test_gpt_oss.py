@@ -108,3 +108,18 @@ def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys
         generate_to_length(server, tenant, random_prompt(POOL_TOKENS // 5), NEW_TOKENS)
     assert tree_state(server, admin)["scrubbed_pages"] > 0
     assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO)
+
+
+def test_the_launcher_refuses_it_on_torch_native_naming_the_backend_that_serves_it(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On CPU the launcher's default backend is torch_native, which takes no sinks: refused before SGLang starts (it
+    would fail at the first request); the same command with the Triton backend is planned (control)."""
+    from sglang_iso.launch_server import main
+
+    model = str(write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss-refused")))
+    assert main(["--model-path", model, "--iso-dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "attention sinks (gpt-oss) on the torch_native attention backend" in err
+    assert "--attention-backend triton" in err
+    assert main(["--model-path", model, "--attention-backend", "triton", "--iso-dry-run"]) == 0

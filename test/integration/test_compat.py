@@ -145,3 +145,16 @@ def test_hybrid_ssm_model_types_are_those_sglang_runs_with_recurrent_state() -> 
     by_type = {getattr(configs, name).model_type for name in classes}
     literal = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "glm5_next"}
     assert by_type | literal == set(coverage.HYBRID_SSM_MODEL_TYPES)
+
+
+def test_attention_sink_architectures_pass_sinks_that_torch_native_does_not_take() -> None:
+    """The coverage row for attention sinks on torch_native holds while gpt-oss passes ``sinks=`` to its attention
+    and torch_native's forward takes no such argument (when it does, the row can go)."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.models import gpt_oss
+
+    assert {m.removesuffix("ForCausalLM") for m in coverage.ATTENTION_SINK_ARCHITECTURES} == {"GptOss"}
+    assert "sinks=self.sinks" in inspect.getsource(gpt_oss.GptOssAttention)
+    for method in (TorchNativeAttnBackend.forward_extend, TorchNativeAttnBackend.forward_decode):
+        parameters = inspect.signature(method).parameters
+        assert "sinks" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values())

@@ -99,6 +99,8 @@ def _probes(stage: Stage) -> list[Features]:
         "hybrid_swa": True,
         "hybrid_ssm": True,
         "dsa": True,
+        "attention_sinks": True,
+        "attention_backends": frozenset({"torch_native"}),
         "device": "cpu",
         "kv_pool_class": "DSATokenToKVPoolV2",
         "unscrubbed_tensors": frozenset({"DSATokenToKVPoolV2.index_key_cache"}),
@@ -165,3 +167,37 @@ def test_the_launcher_reads_recurrent_state_from_the_model_config(config: dict, 
         assert [r.feature for r in refusals(features)] == (
             ["hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)"] if ssm else []
         )
+
+
+SINKS = "models with attention sinks (gpt-oss) on the torch_native attention backend"
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "cuda", "refused"),
+    [
+        (GPT_OSS, [], False, True),  # CPU: the launcher's default backend there is torch_native
+        (GPT_OSS, ["--attention-backend", "triton"], False, False),  # what serves it (test/e2e/test_gpt_oss.py)
+        (GPT_OSS, [], True, False),  # CUDA: SGLang picks a backend with sinks
+        (GPT_OSS, ["--attention-backend", "torch_native"], True, True),
+        (GPT_OSS, ["--attention-backend", "triton", "--decode-attention-backend", "torch_native"], False, True),
+        ({"architectures": ["InternVLChatModel"], "llm_config": {"architectures": ["GptOssForCausalLM"]}}, [], False,
+         True),  # a VL wrapper around it
+        ({"architectures": ["LagunaForCausalLM"]}, [], False, False),  # a sliding-window hybrid without sinks
+    ],
+)  # fmt: skip
+def test_attention_sinks_are_refused_on_torch_native(config: dict, argv: list[str], cuda: bool, refused: bool) -> None:
+    """gpt-oss passes ``sinks=`` to its attention, which torch_native does not take: refused by name before SGLang
+    starts (it would fail at the first request), and at the scheduler from the resolved backend."""
+    features = Features.from_argv(argv, {}, kv_owner_check=True, tenants_file=True, model_config=config,
+                                  cuda_available=cuda)  # fmt: skip
+    assert [r.feature for r in refusals(features)] == ([SINKS] if refused else [])
+    if refused:
+        assert "--attention-backend triton" in coverage.explain(refusals(features))
+    server_args = SimpleNamespace(attention_backend="torch_native", prefill_attention_backend=None,
+                                  decode_attention_backend=None, device="cpu")  # fmt: skip
+    at_scheduler = Features.from_server_args(server_args, kv_owner_check=True, tenants_file=True, attention_sinks=True)
+    assert [r.feature for r in refusals(at_scheduler)] == [SINKS]
+    server_args.attention_backend = "triton"  # control: the backend with sinks passes
+    assert refusals(Features.from_server_args(server_args, kv_owner_check=True, tenants_file=True,
+                                              attention_sinks=True)) == []  # fmt: skip

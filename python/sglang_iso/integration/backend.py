@@ -50,6 +50,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         hybrid_swa=bool(ctx.is_hybrid_swa),
         hybrid_ssm=bool(ctx.is_hybrid_ssm),
         dsa=bool(ctx.is_dsa),
+        attention_sinks=_has_attention_sinks(ctx.server_args),
         kv_pool_class=None if kvcache is None else type(kvcache).__name__,
         unscrubbed_tensors=frozenset() if kvcache is None or not settings.kv_scrub else unscrubbed_tensors(kvcache),
     )
@@ -183,3 +184,11 @@ def _server_tokenizer(server_args: Any) -> Any:
         trust_remote_code=server_args.trust_remote_code,
         tokenizer_revision=getattr(server_args, "revision", None),
     )
+
+
+def _has_attention_sinks(server_args: Any) -> bool:
+    """Whether the served model's local ``config.json`` names an architecture with attention sinks."""
+    from sglang_iso.server.cpu_pool import local_model_config
+
+    model = getattr(server_args, "model_path", None)
+    return coverage.is_attention_sink_config(local_model_config(["--model-path", str(model)]) if model else {})
