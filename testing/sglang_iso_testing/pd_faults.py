@@ -18,12 +18,14 @@ transport, so the quarantine and the tag check run in the real schedulers. Armed
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
 
 from sglang_iso import envvars
 from sglang_iso.integration import pd_transfer, runtime
+from sglang_iso.settings import current as current_settings
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +119,27 @@ def after_fence(guard: Any, endpoint: Any, key: str) -> None:
 
 
 def probe_override(key: str) -> Any:
-    """A probe that never reports a drain for a stalled transfer (and poisons its pages now), else None."""
+    """A probe that never reports a drain for a stalled transfer (and poisons its pages now), else None.
+
+    The probe writes the poison again on each poll until the drain deadline: the transfer engine's own write of
+    the stalled request's KV can still land in its pages after the abort (the late write this fault stands for),
+    and must not read as a page handed to someone else. After the deadline nothing rewrites the poison, so a page
+    handed out, overwritten or scrubbed while quarantined is found by ``check_poison``.
+    """
     pages = _stalled.get(key)
     if pages is None:
         return None
     guard = runtime.pd_guard()
-    if guard is not None:
-        _poison(guard, pages)
-    return lambda: None
+    if guard is None:
+        return lambda: None
+    _poison(guard, pages)
+    deadline = time.monotonic() + current_settings().pd_drain_timeout_s
+
+    def probe() -> None:
+        if time.monotonic() < deadline:
+            _poison(guard, pages, quiet=True)
+
+    return probe
 
 
 def poison_intact() -> bool:
@@ -143,11 +158,12 @@ def poison_intact() -> bool:
     return True
 
 
-def _poison(guard: Any, pages: list[int]) -> None:
+def _poison(guard: Any, pages: list[int], *, quiet: bool = False) -> None:
     for buf in _buffers(guard):
         for page in pages:
             buf[page * guard.page_size : (page + 1) * guard.page_size] = POISON
-    logger.warning("sglang-iso: test fault: %d pages written after their transfer was aborted", len(pages))
+    if not quiet:
+        logger.warning("sglang-iso: test fault: %d pages written after their transfer was aborted", len(pages))
 
 
 def _buffers(guard: Any) -> list[torch.Tensor]:
