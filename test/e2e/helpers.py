@@ -306,6 +306,41 @@ def assert_free_pages_zero(server: ServerProcess, admin_key: str) -> None:
         assert internal_command(server, admin_key, command), command
 
 
+def assert_planted_slot_aborts(
+    server: ServerProcess, keys: Mapping[str, str], prompt_len: int, new_tokens: int
+) -> None:
+    """globex fills pages; a foreign slot planted into acme's next row is redirected and acme's request aborted,
+    counted as a violation; acme's next request is served normally (control). The server runs with
+    :func:`plant_env`."""
+    from sglang_iso_testing.plant import COMMAND as PLANT
+
+    generate_to_length(server, keys["globex"], random_prompt(prompt_len), new_tokens)  # globex owns pages
+    before = tree_state(server, keys["admin"])["owner_violations"]
+    assert internal_command(server, keys["admin"], PLANT + "acme")
+    status, out = post_ids(server, keys["acme"], random_prompt(12), new_tokens)
+    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert aborted or 400 <= status < 500, (status, out)
+    assert "isolation violation" in str(out)
+    assert tree_state(server, keys["admin"])["owner_violations"] > before
+    generate_to_length(server, keys["acme"], random_prompt(12), new_tokens)  # served normally afterwards
+
+
+def assert_free_pages_zero_after_pressure(
+    server: ServerProcess, keys: Mapping[str, str], pool_tokens: int, new_tokens: int
+) -> None:
+    """1.2 pools' worth of prompts across two tenants (the tree evicts and scrubs), then every free page is zero
+    (the check's self-test first: a dirtied free page is found)."""
+    from sglang_iso_testing.spec_plant import FREE_PAGES_ZERO
+
+    admin = keys["admin"]
+    assert internal_command(server, admin, FREE_PAGES_ZERO + ":selftest")
+    for i in range(6):
+        tenant = keys["acme" if i % 2 else "globex"]
+        generate_to_length(server, tenant, random_prompt(pool_tokens // 5), new_tokens)
+    assert tree_state(server, admin)["scrubbed_pages"] > 0
+    assert internal_command(server, admin, FREE_PAGES_ZERO)
+
+
 def audit_events(path: Path, event: str) -> list[dict[str, Any]]:
     """The audit log's ``event`` records, oldest first."""
     lines = path.read_text().splitlines() if path.exists() else []

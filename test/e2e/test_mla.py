@@ -24,18 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso_testing import spec_plant
-from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, ServerStartError, free_port, iso_server_argv
 from sglang_iso_testing.tiny_deepseek import DTYPE_FLAGS, MTP_FLAGS, write_tiny_deepseek
 
 from .helpers import (
     TENANTS,
+    assert_free_pages_zero_after_pressure,
     assert_greedy_equal,
+    assert_planted_slot_aborts,
     generate_to_length,
     greedy_one_by_one,
-    internal_command,
     post_ids,
     random_prompt,
     server_info,
@@ -137,29 +136,15 @@ def test_forged_fields_are_refused_naming_them(server: ServerProcess, keys: dict
 def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
     server: ServerProcess, keys: dict[str, str]
 ) -> None:
-    generate_to_length(server, keys["globex"], random_prompt(PROMPT_LEN), NEW_TOKENS)  # globex owns pages
-    before = tree_state(server, keys["admin"])["owner_violations"]
-    assert internal_command(server, keys["admin"], PLANT + "acme")
-    status, out = post_ids(server, keys["acme"], random_prompt(12), NEW_TOKENS)
-    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
-    assert aborted or 400 <= status < 500, (status, out)
-    assert "isolation violation" in str(out)
-    assert tree_state(server, keys["admin"])["owner_violations"] > before
+    assert_planted_slot_aborts(server, keys, PROMPT_LEN, NEW_TOKENS)
     testing = server_info(server, keys["admin"])["internal_states"][0]["sglang_iso_testing"]
     assert testing["planted_read_zero"] >= 1  # the planted slot pointed into the all-zero latent page
-    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)  # served normally afterwards
 
 
 def test_after_pool_pressure_every_free_latent_page_is_zero(
     server: ServerProcess, keys: dict[str, str], variant: str
 ) -> None:
-    admin = keys["admin"]
-    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
-    for i in range(6):  # 1.2 pools' worth of prompts across tenants: the tree evicts
-        tenant = keys["acme" if i % 2 else "globex"]
-        generate_to_length(server, tenant, random_prompt(POOL_TOKENS[variant] // 5), NEW_TOKENS)
-    assert tree_state(server, admin)["scrubbed_pages"] > 0
-    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO)  # no free page holds data, target or draft pool
+    assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS[variant], NEW_TOKENS)  # target and draft pool
 
 
 @pytest.fixture

@@ -19,8 +19,6 @@ from pathlib import Path
 import pytest
 
 from sglang_iso import envvars
-from sglang_iso_testing import spec_plant
-from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import (
     ServerProcess,
@@ -33,9 +31,9 @@ from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, WINDOW, write_tiny_swa
 
 from .helpers import (
     TENANTS,
+    assert_free_pages_zero_after_pressure,
+    assert_planted_slot_aborts,
     generate_to_length,
-    internal_command,
-    post_ids,
     random_prompt,
     server_info,
     tree_state,
@@ -104,25 +102,11 @@ def test_same_tenant_hits_other_tenant_misses_and_outputs_equal_the_uncached_one
 def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
     server: ServerProcess, keys: dict[str, str]
 ) -> None:
-    generate_to_length(server, keys["globex"], random_prompt(PROMPT_LEN), NEW_TOKENS)  # globex owns pages
-    before = tree_state(server, keys["admin"])["owner_violations"]
-    assert internal_command(server, keys["admin"], PLANT + "acme")
-    status, out = post_ids(server, keys["acme"], random_prompt(12), NEW_TOKENS)
-    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
-    assert aborted or 400 <= status < 500, (status, out)
-    assert "isolation violation" in str(out)
-    assert tree_state(server, keys["admin"])["owner_violations"] > before
-    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)  # served normally afterwards
+    assert_planted_slot_aborts(server, keys, PROMPT_LEN, NEW_TOKENS)
 
 
 def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys: dict[str, str]) -> None:
-    admin = keys["admin"]
-    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO + ":selftest")  # a dirtied free page is found
-    for i in range(6):  # 1.2 pools' worth of prompts across tenants: the tree evicts
-        tenant = keys["acme" if i % 2 else "globex"]
-        generate_to_length(server, tenant, random_prompt(POOL_TOKENS // 5), NEW_TOKENS)
-    assert tree_state(server, admin)["scrubbed_pages"] > 0
-    assert internal_command(server, admin, spec_plant.FREE_PAGES_ZERO)
+    assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
 
 
 def test_the_swa_sub_pool_layout_is_refused_at_start_naming_the_flag(model: Path) -> None:
