@@ -113,6 +113,8 @@ class Samples:
     """P99 TTFT of each round (s), for the spread."""
     hit_pct: list[float] = field(default_factory=list)
     """Share of prompt tokens the prefix cache supplied in each round (from SGLang's prefill-batch log lines)."""
+    batches: list[Batches] = field(default_factory=list)
+    """How the scheduler batched each round."""
 
 
 def parse_levels(text: str) -> list[Level]:
@@ -292,6 +294,40 @@ def prefill_tokens(log: str) -> tuple[int, int]:
     return new, cached
 
 
+@dataclass
+class Batches:
+    """How a server batched one level's work, from its scheduler's log lines (``SGLANG_LOG_FORWARD_ITERS``)."""
+
+    forwards: int
+    """Forward passes (prefill and decode) the scheduler ran: the span of the logged forward counters."""
+    prefills: int
+    """Prefill batches."""
+    seqs_per_prefill: float
+    """Mean requests per prefill batch."""
+    running_in_decode: float
+    """Mean running requests of the logged decode batches (one line per ``--decode-log-interval`` steps)."""
+
+    def line(self) -> str:
+        return (
+            f"{self.forwards} forwards, {self.prefills} prefill batches of {self.seqs_per_prefill:.1f} requests, "
+            f"decode batches of {self.running_in_decode:.1f}"
+        )
+
+
+def batches(log: str) -> Batches:
+    """:class:`Batches` of the log lines ``log`` holds. Two servers that batch one workload alike run as many
+    forwards; a difference in the count is a difference in scheduling, not in the speed of a step."""
+    iters = [int(x) for x in re.findall(r"(?:Prefill|Decode) batch \[(\d+)\]", log)]
+    seqs = [int(x) for x in re.findall(r"Prefill batch[^,]*, #new-seq: (\d+)", log)]
+    running = [int(x) for x in re.findall(r"Decode batch[^,]*, #running-req: (\d+)", log)]
+    return Batches(
+        forwards=max(iters) - min(iters) + 1 if iters else 0,
+        prefills=len(seqs),
+        seqs_per_prefill=statistics.fmean(seqs) if seqs else float("nan"),
+        running_in_decode=statistics.fmean(running) if running else float("nan"),
+    )
+
+
 def run_server(
     name: str,
     levels: list[Level],
@@ -302,13 +338,13 @@ def run_server(
     workdir: Path,
     iso_args: tuple[str, ...] = (),
     profile_dir: Path | None = None,
-) -> dict[Level, tuple[float, list, list, float]]:
+) -> dict[Level, tuple[float, list, list, float, Batches]]:
     port = free_port()
     if name == "upstream":
         argv = baseline_server_argv(port, tiny_model_path(), *SIZES)
     else:
         argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants_file), *iso_args)
-    server = ServerProcess(argv, port).start(timeout_s=600)
+    server = ServerProcess(argv, port, env={"SGLANG_LOG_FORWARD_ITERS": "1"}).start(timeout_s=600)
     out = {}
     try:
         iso = name == "iso"
@@ -325,8 +361,10 @@ def run_server(
             finally:
                 if profiler is not None:
                     print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
-            new, cached = prefill_tokens(server.log_text()[seen:])
-            out[level] = (rate, ttfts, itls, 100.0 * cached / (new + cached) if new + cached else float("nan"))
+            log = server.log_text()[seen:]
+            new, cached = prefill_tokens(log)
+            hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
+            out[level] = (rate, ttfts, itls, hit, batches(log))
     finally:
         server.stop()
     return out
@@ -423,16 +461,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
                 seed = 1000 * (args.seed + r)
                 got = run_server(name, levels, tenants_file, solo, many, seed, Path(tmp), iso_args, profile_dir)
-                for level, (rate, ttfts, itls, hit) in got.items():
+                for level, (rate, ttfts, itls, hit, batched) in got.items():
                     s = results[name][level]
                     s.hit_pct.append(hit)
+                    s.batches.append(batched)
                     s.throughput.append(rate)
                     s.ttfts += ttfts
                     s.itls += itls
                     s.p99s.append(p99(ttfts))
                     print(
                         f"  {level.name:24s} {rate:5.1f} req/s  TTFT p50 {1e3 * statistics.median(ttfts):6.0f} ms"
-                        f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens",
+                        f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens"
+                        f"\n  {'':24s} {batched.line()}",
                         flush=True,
                     )
     print(f"\n{args.rounds} rounds per server, {time.monotonic() - start:.0f} s\n")
@@ -440,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         pooled = {
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
-                          "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct}
+                          "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct,
+                          "batches": [vars(b) for b in v.batches]}
                 for lv, v in results[s].items()}
             for s in SERVERS
         }  # fmt: skip

@@ -4,6 +4,8 @@ Usage::
 
     python benchmark/serving.py [--requests N] [--concurrency 1,4] [--tenants 4] [--prefix-tokens 1024] ...
     python benchmark/serving.py --family deepseek ...   # MLA + MoE (a tiny DeepSeek-V3-shaped model)
+    python benchmark/serving.py --family laguna ...     # SWA hybrid (sliding and full attention layers)
+    python benchmark/serving.py --family gpt-oss ...    # SWA hybrid with attention sinks and MoE (Triton, interpreted)
 
 Workloads (both "generated shared prefix": a long shared prefix + a random suffix per request):
 
@@ -19,6 +21,12 @@ runs as a closed loop: ``concurrency`` streaming clients (asyncio + aiohttp) sen
 Metrics: req/s and output tok/s over the wall time of the level; TTFT p50/p99 (first streamed token); ITL mean
 (gap between later tokens); hit % (cached / prompt tokens, from ``--enable-cache-report``); and the machine's
 1-minute load average at the end of each level, because on a shared machine other processes move every number.
+
+The SWA hybrid families run in the one-pool layout on both servers (``--disable-hybrid-swa-memory``: sglang-iso's
+launcher adds it, upstream gets it here), so both keep the same KV and compare the same attention path: upstream's
+default SWA sub-pool layout is not served on torch_native (its sliding layers read untranslated ids), and gpt-oss
+needs the Triton backend for its sinks, run on CPU in Triton's interpreter (``TRITON_INTERPRET=1``, both servers):
+use few requests there.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +53,29 @@ from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import key_sha256, new_api_key
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
+from sglang_iso_testing.tiny_gpt_oss import SERVE_FLAGS as GPT_OSS_FLAGS
+from sglang_iso_testing.tiny_gpt_oss import write_tiny_gpt_oss
+from sglang_iso_testing.tiny_swa import DTYPE_FLAGS as LAGUNA_FLAGS
+from sglang_iso_testing.tiny_swa import write_tiny_swa
 
-FAMILIES = ("llama", "deepseek")
+
+@dataclass(frozen=True)
+class Family:
+    """A model family: how to get its model directory and what both servers need to serve it."""
+
+    write: Callable[[Path], Path] | None
+    """Writes a tiny model of the family into a directory; None: the bundled model."""
+    flags: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+_ONE_POOL = ("--disable-hybrid-swa-memory",)
+FAMILIES = {
+    "llama": Family(None),
+    "deepseek": Family(write_tiny_deepseek),
+    "laguna": Family(write_tiny_swa, (*LAGUNA_FLAGS, *_ONE_POOL)),
+    "gpt-oss": Family(write_tiny_gpt_oss, (*GPT_OSS_FLAGS, *_ONE_POOL), (("TRITON_INTERPRET", "1"),)),
+}
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""
 SERVERS = ("upstream", "iso")
@@ -210,13 +240,13 @@ def write_tenants(directory: Path, n: int) -> tuple[Path, list[str]]:
     return path, keys
 
 
-def start(name: str, tenants_file: Path, model: Path) -> ServerProcess:
+def start(name: str, tenants_file: Path, model: Path, family: Family) -> ServerProcess:
     port = free_port()
     if name == "upstream":
-        argv = baseline_server_argv(port, model, *SIZES)
+        argv = baseline_server_argv(port, model, *SIZES, *family.flags)
     else:
-        argv = iso_server_argv(port, model, *SIZES, "--tenants-file", str(tenants_file))
-    return ServerProcess(argv, port).start(timeout_s=600)
+        argv = iso_server_argv(port, model, *SIZES, *family.flags, "--tenants-file", str(tenants_file))
+    return ServerProcess(argv, port, env=dict(family.env)).start(timeout_s=600)
 
 
 def bench_server(
@@ -227,7 +257,7 @@ def bench_server(
     workloads: dict[tuple[str, int], list[Request]],
     levels: list[int],
 ) -> list[LevelStats]:
-    server = start(name, tenants_file, args.model_dir)
+    server = start(name, tenants_file, args.model_dir, FAMILIES[args.family])
     out: list[LevelStats] = []
     try:
         keys: list[str | None] = list(iso_keys) if name == "iso" else [None]
@@ -312,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="also write the raw numbers here")
     p.add_argument(
         "--family",
-        choices=FAMILIES,
+        choices=sorted(FAMILIES),
         default="llama",
-        help="llama: the bundled dense model; deepseek: a tiny DeepSeek-V3-shaped MLA + MoE model written at start",
+        help="llama: the bundled dense model; deepseek, laguna, gpt-oss: a tiny model of that family written at start",
     )
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
@@ -342,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     stats: list[LevelStats] = []
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-") as tmp:
         tenants_file, keys = write_tenants(Path(tmp), args.tenants)
-        args.model_dir = tiny_model_path() if args.family == "llama" else write_tiny_deepseek(Path(tmp) / "deepseek")
+        family = FAMILIES[args.family]
+        args.model_dir = tiny_model_path() if family.write is None else family.write(Path(tmp) / args.family)
         print(f"model family {args.family}: {args.model_dir}")
         for name in servers:
             t0 = time.monotonic()

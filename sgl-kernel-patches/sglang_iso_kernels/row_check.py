@@ -175,6 +175,8 @@ def _clean_on_cpu(
     width = int(lens.max())
     if width > req_to_token.shape[1]:
         return False
+    if owners.size <= _ROW_LOOP_MAX:
+        return _clean_by_row(req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size)
     if width * lens.size <= 2 * total_tokens + _PAD_SLACK:
         return _clean_padded(req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size, width)
     rows_t, starts_t, lens_t, owners_t = (torch.from_numpy(x) for x in (rows, starts, lens, owners))
@@ -194,6 +196,52 @@ def _adopt(page_owner: torch.Tensor, new_pages: torch.Tensor, new_me: torch.Tens
         current = page_owner[new_pages]
         proposal = torch.where((current == -1) | (current == new_me), new_me, torch.full_like(new_me, -2))
         page_owner.scatter_reduce_(0, new_pages, proposal, reduce="amax", include_self=True)
+
+
+# NOTE: up to this many rows the windows are read in place, row by row (no copy, no mask): at one decode row
+# of 520 tokens 18 us against 52 us for the padded copy below (measured on this path, 2-vCPU host), which runs
+# before every forward of a lone request.
+_ROW_LOOP_MAX = 2
+
+
+def _clean_by_row(
+    req_to_token: np.ndarray,
+    rows: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    owners: np.ndarray,
+    page_owner: np.ndarray,
+    page_size: int,
+) -> bool:
+    """:func:`_clean_on_cpu` reading each window in place. Adopts only when every new page is FREE or its
+    row owner's and no page is new to two owners (that race is left to the full pass, which settles it by the
+    larger owner); MUTATES ``page_owner`` then, exactly as the full pass would."""
+    limit = page_owner.size * page_size
+    windows, new_pages, new_owners = [], [], []
+    for row, start, end, owner in zip(rows.tolist(), starts.tolist(), lens.tolist(), owners.tolist(), strict=True):
+        if end == 0:
+            continue
+        slots = req_to_token[row, :end]
+        if int(slots.min()) < 0 or int(slots.max()) >= limit:
+            return False
+        pages = slots if page_size == 1 else slots // page_size
+        windows.append((pages, owner))
+        if start < end:
+            new_pages.append(pages[start:])
+            new_owners.append(np.full(end - start, owner, dtype=page_owner.dtype))
+    if new_pages:
+        new = np.concatenate(new_pages)
+        me = np.concatenate(new_owners)
+        current = page_owner[new]
+        if not bool(((current == -1) | (current == me)).all()):
+            return False
+        if len(new_pages) > 1 and len(set(owners.tolist())) > 1:
+            order = np.argsort(new, kind="stable")
+            same_page = new[order][1:] == new[order][:-1]
+            if bool((same_page & (me[order][1:] != me[order][:-1])).any()):
+                return False
+        page_owner[new] = me
+    return all(bool((page_owner[pages] == owner).all()) for pages, owner in windows)
 
 
 # NOTE: a batch whose padded windows (batch x longest window) hold at most twice its tokens plus this many is

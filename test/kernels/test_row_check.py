@@ -26,8 +26,9 @@ from test.kernels.conftest import SEEDS
 
 NUM_PAGES, ZERO_PAGE, SHARED, FREE = 20, 0, 3, -1
 R, L = 8, 40
-ROUTES = {"padded": 10**9, "by window": -(10**9)}
-"""``_PAD_SLACK`` values that force each route of the CPU fast path: one padded copy, or window by window."""
+ROUTES = {"padded": (10**9, 0), "by window": (-(10**9), 0), "in place by row": (10**9, 10**9)}
+"""``(_PAD_SLACK, _ROW_LOOP_MAX)`` values that force each route of the CPU fast path: one padded copy, a copy
+window by window, or each window read in place."""
 
 
 def _allowed(device: torch.device) -> torch.Tensor:
@@ -115,17 +116,20 @@ def test_sanitize_rows_matches_reference(seed: int, page_size: int, use_triton: 
     assert any(v == 0 for v in want_v[:3])  # and a clean tracked row stays clean (positive control)
 
 
-def test_two_owners_adopting_one_free_page_refuses_one(device: torch.device) -> None:
+@pytest.mark.parametrize("batch_rows", [[0, 1], [1, 0]])
+def test_two_owners_adopting_one_free_page_refuses_one(device: torch.device, batch_rows: list[int]) -> None:
+    """The larger owner keeps the page, whichever of the two rows comes first in the batch."""
     req_to_token = torch.zeros(4, 8, dtype=torch.int32, device=device)
     req_to_token[0, 0] = req_to_token[1, 0] = 15  # the same FREE page for two owners
     page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32, device=device)
     row_owner = torch.tensor([1, 2, FREE, FREE], dtype=torch.int32, device=device)
     one = torch.ones(2, dtype=torch.int32, device=device)
     violations = sanitize_rows(
-        req_to_token, torch.tensor([0, 1], device=device), one, one * 0, page_owner, row_owner,
+        req_to_token, torch.tensor(batch_rows, device=device), one, one * 0, page_owner, row_owner,
         _allowed(device), page_size=1, zero_page=ZERO_PAGE, total_tokens=2, use_triton=False,
     )  # fmt: skip
-    assert violations.tolist() == [1, 0] and int(page_owner[15]) == 2
+    refused = {0: 1, 1: 0}  # row -> refused slots: row 0 (owner 1) loses the race
+    assert violations.tolist() == [refused[r] for r in batch_rows] and int(page_owner[15]) == 2
     assert req_to_token[0, 0].item() == ZERO_PAGE and req_to_token[1, 0].item() == 15
 
 
@@ -192,7 +196,7 @@ def _large_batch_triton_vs_torch(device: torch.device) -> None:
 @given(data=st.data(), page_size=st.sampled_from([1, 2, 4]), route=st.sampled_from(sorted(ROUTES)))
 def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, route: str) -> None:
     """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over),
-    through both of its routes."""
+    through each of its routes."""
     page_owner = data.draw(st.lists(st.sampled_from([FREE, 0, 1, 2, 3]), min_size=NUM_PAGES, max_size=NUM_PAGES))
     page_owner[ZERO_PAGE] = FREE
     rows = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=4, unique=True))
@@ -223,7 +227,8 @@ def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, ro
     want = [t.clone() for t in tensors]
     want_v = torch.zeros(len(rows), dtype=torch.int32)
     _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
-    with mock.patch.object(row_check, "_PAD_SLACK", ROUTES[route]):
+    slack, row_loop = ROUTES[route]
+    with mock.patch.object(row_check, "_PAD_SLACK", slack), mock.patch.object(row_check, "_ROW_LOOP_MAX", row_loop):
         violations = sanitize_rows(
             *tensors, allowed, page_size=page_size, zero_page=ZERO_PAGE, total_tokens=sum(seq_lens), use_triton=False
         )
@@ -234,7 +239,8 @@ def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, ro
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_cpu_fast_path_answers_a_clean_batch_alone(route: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Positive control for the test above: a clean batch is decided by the fast path, adoption included."""
-    monkeypatch.setattr(row_check, "_PAD_SLACK", ROUTES[route])
+    monkeypatch.setattr(row_check, "_PAD_SLACK", ROUTES[route][0])
+    monkeypatch.setattr(row_check, "_ROW_LOOP_MAX", ROUTES[route][1])
     req_to_token = torch.zeros(2, 8, dtype=torch.int32)
     req_to_token[0, :3] = torch.tensor([1, 2, 14], dtype=torch.int32)  # own, own, new FREE page
     page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
