@@ -305,12 +305,15 @@ class Batches:
     seqs_per_prefill: float
     """Mean requests per prefill batch."""
     running_in_decode: float
-    """Mean running requests of the logged decode batches (one line per ``--decode-log-interval`` steps)."""
+    """Mean running requests of the logged decode batches (one line per ``--decode-log-interval`` steps, 40 by
+    default: pass ``--server-args "--decode-log-interval 1"`` for every step)."""
+    decode_logged: int
+    """Decode batches logged."""
 
     def line(self) -> str:
         return (
             f"{self.forwards} forwards, {self.prefills} prefill batches of {self.seqs_per_prefill:.1f} requests, "
-            f"decode batches of {self.running_in_decode:.1f}"
+            f"decode batches of {self.running_in_decode:.1f} ({self.decode_logged} logged)"
         )
 
 
@@ -325,6 +328,7 @@ def batches(log: str) -> Batches:
         prefills=len(seqs),
         seqs_per_prefill=statistics.fmean(seqs) if seqs else float("nan"),
         running_in_decode=statistics.fmean(running) if running else float("nan"),
+        decode_logged=len(running),
     )
 
 
@@ -338,12 +342,15 @@ def run_server(
     workdir: Path,
     iso_args: tuple[str, ...] = (),
     profile_dir: Path | None = None,
+    both_args: tuple[str, ...] = (),
 ) -> dict[Level, tuple[float, list, list, float, Batches]]:
     port = free_port()
     if name == "upstream":
-        argv = baseline_server_argv(port, tiny_model_path(), *SIZES)
+        argv = baseline_server_argv(port, tiny_model_path(), *SIZES, *both_args)
     else:
-        argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants_file), *iso_args)
+        argv = iso_server_argv(
+            port, tiny_model_path(), *SIZES, *both_args, "--tenants-file", str(tenants_file), *iso_args
+        )
     server = ServerProcess(argv, port, env={"SGLANG_LOG_FORWARD_ITERS": "1"}).start(timeout_s=600)
     out = {}
     try:
@@ -434,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--iso-args", default="", help='extra sglang-iso flags, e.g. "--kv-owner-check off" (to measure a share)'
     )
+    p.add_argument(
+        "--server-args", default="", help='extra SGLang flags for both servers, e.g. "--decode-log-interval 1"'
+    )
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     args = p.parse_args(argv)
     profile_dir = Path(args.profile) if args.profile else None
@@ -448,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or not levels:
         p.error("--rounds >= 1 and at least one level")
     iso_args = tuple(shlex.split(args.iso_args))
+    both_args = tuple(shlex.split(args.server_args))
     results: dict[str, dict[Level, Samples]] = {s: {lv: Samples() for lv in levels} for s in SERVERS}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
@@ -460,7 +471,9 @@ def main(argv: list[str] | None = None) -> int:
                 eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
                 print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
                 seed = 1000 * (args.seed + r)
-                got = run_server(name, levels, tenants_file, solo, many, seed, Path(tmp), iso_args, profile_dir)
+                got = run_server(
+                    name, levels, tenants_file, solo, many, seed, Path(tmp), iso_args, profile_dir, both_args
+                )
                 for level, (rate, ttfts, itls, hit, batched) in got.items():
                     s = results[name][level]
                     s.hit_pct.append(hit)
