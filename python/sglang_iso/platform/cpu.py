@@ -11,10 +11,12 @@ a CPU-only torch. This module fixes both without touching any installed file:
   still fails loudly.
 * ``sgl_kernel``: a stand-in module exposes exactly the names SGLang imports at
   module level on CPU. The speculative-decoding ops get torch versions
-  (:mod:`sglang_iso.platform.spec_cpu`); every other one raises
+  (:mod:`sglang_iso.platform.spec_cpu`), as do the linear-attention convolution
+  and gates (``sgl_kernel.mamba`` and one ``torch.ops.sgl_kernel`` op,
+  :mod:`sglang_iso.platform.linear_attn_cpu`); every other one raises
   :class:`MissingKernelError` naming the op if it is ever called.
-  ``torch.ops.sgl_kernel`` stays empty, so ``cpu_has_amx_support()`` is False
-  and layers use their ``forward_native`` paths.
+  ``torch.ops.sgl_kernel`` has no ``convert_weight_packed``, so
+  ``cpu_has_amx_support()`` is False and layers use their ``forward_native`` paths.
 
 It is active only on a machine without CUDA (or when ``SGLANG_ISO_FORCE_CPU=1``)
 and is idempotent. It must run before the first ``import sglang.srt...`` in a
@@ -86,7 +88,7 @@ def is_applied() -> bool:
     return _applied
 
 
-def _missing_kernel(op_name: str) -> types.FunctionType:
+def missing_kernel(op_name: str) -> types.FunctionType:
     def kernel(*_args: object, **_kwargs: object) -> NoReturn:
         raise MissingKernelError(
             f"{op_name} has no CPU build in this installation; sglang-iso supports "
@@ -112,10 +114,13 @@ def _install_sgl_kernel_stub() -> None:
     stub.__doc__ = "sglang-iso stand-in: torch versions of the speculative ops; the rest raise MissingKernelError."
     stub.__dict__["__sglang_iso_stub__"] = True
     for name in SGL_KERNEL_CPU_NAMES:
-        setattr(stub, name, _missing_kernel(f"sgl_kernel.{name}"))
+        setattr(stub, name, missing_kernel(f"sgl_kernel.{name}"))
     from sglang_iso.platform import spec_cpu
 
     spec_cpu.install(stub)  # torch versions of the speculative-decoding ops (EAGLE's tree builder excepted)
+    from sglang_iso.platform import linear_attn_cpu
+
+    linear_attn_cpu.install(stub)  # linear-attention convolution and gates (sgl_kernel.mamba)
     sys.modules[_STUB_MODULE_NAME] = stub
 
 
@@ -137,7 +142,7 @@ def _define_torchvision_op_schemas() -> None:
     lib = torch.library.Library("torchvision", "FRAGMENT")
     for name in missing:
         lib.define(_TORCHVISION_SCHEMAS[name])
-        lib.impl(name, _missing_kernel(f"torchvision::{name}"), "CompositeExplicitAutograd")
+        lib.impl(name, missing_kernel(f"torchvision::{name}"), "CompositeExplicitAutograd")
     _torchvision_lib = lib
 
 

@@ -25,7 +25,7 @@ def test_torchvision_imports_and_nms_call_names_the_op() -> None:
 
 def test_missing_kernel_raises_naming_the_op() -> None:
     with pytest.raises(cpu.MissingKernelError, match=r"sgl_kernel\.some_cuda_op"):
-        cpu._missing_kernel("sgl_kernel.some_cuda_op")(1, 2)
+        cpu.missing_kernel("sgl_kernel.some_cuda_op")(1, 2)
 
 
 def test_speculative_names_are_torch_standins() -> None:
@@ -44,10 +44,22 @@ def test_stub_exposes_only_declared_names() -> None:
     assert getattr(stub, "__sglang_iso_stub__", False)
 
 
-def test_torch_ops_sgl_kernel_stays_empty() -> None:
+def test_amx_backend_stays_off_beside_the_linear_attention_op() -> None:
+    import torch
     from sglang.srt.utils import cpu_has_amx_support
 
+    assert hasattr(torch.ops.sgl_kernel, "fused_gdn_gating_cpu")  # control: the namespace is not empty
     assert not cpu_has_amx_support()
+
+
+def test_linear_attention_names_are_torch_standins_or_name_themselves() -> None:
+    from sglang_iso.platform import linear_attn_cpu
+
+    mamba = sys.modules["sgl_kernel.mamba"]
+    assert mamba.causal_conv1d_fn_cpu is linear_attn_cpu.causal_conv1d_fn_cpu
+    assert mamba.causal_conv1d_update_cpu is linear_attn_cpu.causal_conv1d_update_cpu
+    with pytest.raises(cpu.MissingKernelError, match=r"sgl_kernel\.mamba\.chunk_gated_delta_rule_cpu"):
+        mamba.chunk_gated_delta_rule_cpu()
 
 
 def test_apply_is_idempotent() -> None:
