@@ -124,6 +124,79 @@ def test_gating_matches_triton(seed: int) -> None:
     torch.testing.assert_close(beta, want_beta, rtol=1e-6, atol=1e-6)
 
 
+H, HV, K, V, SLOTS = 2, 4, 16, 8, 6
+
+
+def _delta_inputs(gen: torch.Generator, tokens: int) -> dict[str, torch.Tensor]:
+    return {
+        "q": torch.randn(1, tokens, H, K, generator=gen),
+        "k": torch.randn(1, tokens, H, K, generator=gen),
+        "v": torch.randn(1, tokens, HV, V, generator=gen),
+        "a": torch.randn(tokens, HV, generator=gen),
+        "b": torch.randn(tokens, HV, generator=gen),
+        "A_log": torch.randn(HV, generator=gen) * 0.5,
+        "dt_bias": torch.randn(HV, generator=gen) * 0.5,
+    }
+
+
+def _triton_delta_rule(x: dict[str, torch.Tensor], pool: torch.Tensor, slots: torch.Tensor, cu: torch.Tensor):  # type: ignore[no-untyped-def]
+    from sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update,
+    )
+
+    return fused_sigmoid_gating_delta_rule_update(
+        A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], softplus_beta=1.0, softplus_threshold=20.0, q=x["q"],
+        k=x["k"], v=x["v"], b=x["b"], initial_state_source=pool, initial_state_indices=slots,
+        use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_delta_rule_matches_triton(seed: int) -> None:
+    """One token per request (the decode op SGLang binds from ``torch.ops.sgl_kernel``); a request without a slot
+    (-1) starts from zeros and writes nothing back."""
+    gen = torch.Generator().manual_seed(seed)
+    x = _delta_inputs(gen, 4)
+    slots = torch.tensor([4, 1, -1, 2], dtype=torch.int32)
+    cu = torch.arange(5, dtype=torch.int32)
+    pool = torch.randn(SLOTS, HV, V, K, generator=gen)
+    ours_pool, theirs_pool = pool.clone(), pool.clone()
+    ours = torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=x["A_log"], dt_bias=x["dt_bias"], q=x["q"], k=x["k"], v=x["v"], a=x["a"], b=x["b"],
+        initial_state_source=ours_pool, initial_state_indices=slots, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+        softplus_beta=1.0, softplus_threshold=20.0,
+    )  # fmt: skip
+    theirs = _triton_delta_rule(x, theirs_pool, slots, cu)
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours_pool, theirs_pool, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(ours_pool, pool)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prefill_delta_rule_matches_the_triton_recurrence(seed: int) -> None:
+    """Ragged prefill sequences through the prefill op (gates from the gating op) equal SGLang's recurrent Triton
+    kernel over the same tokens (SGLang's chunked kernel does not run in the interpreter, and the chunked form is
+    the same recurrence regrouped)."""
+    gen = torch.Generator().manual_seed(seed)
+    lens = [1, 6, 3]
+    x = _delta_inputs(gen, sum(lens))
+    slots = torch.tensor([3, 0, 5], dtype=torch.int32)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    pool = torch.randn(SLOTS, HV, V, K, generator=gen)
+    ours_pool, theirs_pool = pool.clone(), pool.clone()
+    g, beta = torch.ops.sgl_kernel.fused_gdn_gating_cpu(x["A_log"], x["a"], x["b"], x["dt_bias"])
+    ours, finals, h = linear_attn_cpu.chunk_gated_delta_rule_cpu(
+        x["q"], x["k"], x["v"], g, beta, ours_pool, cu, False, True, slots
+    )
+    theirs = _triton_delta_rule(x, theirs_pool, slots, cu)
+    assert h is None and ours.shape == theirs.shape == (1, sum(lens), HV, V)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ours_pool, theirs_pool, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(finals, theirs_pool[slots.long()], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(ours_pool, pool)
+
+
 def test_sglang_convolution_kernels_still_fail_in_the_interpreter() -> None:
     """Why the convolutions have a torch oracle: when this fails, SGLang's kernel runs here and should be the
     oracle of the two tests above instead."""

@@ -1,12 +1,13 @@
-"""Torch stand-ins for the convolution and gating ops of linear-attention (GDN) layers on CPU.
+"""Torch stand-ins for the ops of linear-attention (GDN) layers on CPU.
 
 SGLang's CPU path (``SGLANG_USE_CPU_ENGINE=1``, set by :mod:`sglang_iso.platform.cpu`) takes the GDN layers'
 short convolution from ``sgl_kernel.mamba`` (``causal_conv1d_fn_cpu`` for prefill, ``causal_conv1d_update_cpu``
-for decode) and their gates from ``torch.ops.sgl_kernel.fused_gdn_gating_cpu``; no CPU build of ``sgl_kernel``
-is published. These are torch versions of the same contracts (argument lists of SGLang's CPU call sites in
-``layers/attention/linear/gdn_backend.py``; semantics of SGLang's own Triton kernels in
-``sglang.kernels.ops.mamba.causal_conv1d_triton`` and ``...attention.linear.fused_gdn_gating``, which the kernel
-tests compare against in Triton's interpreter).
+for decode), their gates from ``torch.ops.sgl_kernel.fused_gdn_gating_cpu`` and the gated delta rule from
+``sgl_kernel.mamba.chunk_gated_delta_rule_cpu`` (prefill) and
+``torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu`` (decode, gates fused); no CPU build of
+``sgl_kernel`` is published. These are torch versions of the same contracts (argument lists of SGLang's CPU call
+sites in ``layers/attention/linear/gdn_backend.py`` and ``.../kernels/gdn_triton.py``; semantics of SGLang's own
+Triton kernels, which the kernel tests compare against in Triton's interpreter where those run).
 
 Per sequence ``i`` of a prefill batch (tokens ``query_start_loc[i] .. query_start_loc[i + 1]`` of ``x``, conv
 state line ``cache_indices[i]``, ``W = width``)::
@@ -18,13 +19,17 @@ state line ``cache_indices[i]``, ``W = width``)::
 Decode (``causal_conv1d_update_cpu``) is the same with the state always taken, one or more tokens per request.
 Lines equal to the pad slot id (-1) are skipped (their output is left as allocated).
 
-Not here yet: the delta-rule recurrences (``sgl_kernel.mamba.chunk_gated_delta_rule_cpu`` raises
-:class:`~sglang_iso.platform.cpu.MissingKernelError` naming itself when called;
-``torch.ops.sgl_kernel.fused_sigmoid_gating_delta_rule_update_cpu`` is not registered, so SGLang's GDN kernel
-module fails at import, which SGLang's model registry logs and skips) and the speculative target-verify form of
-the decode convolution. Hybrid linear-attention models stay refused at start
-(:mod:`sglang_iso.coverage`) until the tenant tree keeps their recurrent state; these make the layers computable
-on CPU first.
+The gated delta rule, per sequence and value head ``h`` (query/key head ``h // (HV // H)``), state ``S``
+``(V, K)`` from the sequence's state slot (zeros for a negative slot), per token::
+
+    q, k = l2norm(q), l2norm(k)          (with use_qk_l2norm_in_kernel; x / sqrt(sum(x^2) + 1e-6))
+    S = S * exp(g);  u = beta * (v - S k);  S = S + u k^T;  o = S (q * K^-0.5)
+
+and the final ``S`` is written back to the slot. The prefill op does it token by token (the chunked form is the
+same recurrence regrouped). Not here: the speculative target-verify forms of the decode ops (the convolution's
+names itself; the delta rule's extra arguments fail the op's schema). Hybrid linear-attention models stay refused
+at start (:mod:`sglang_iso.coverage`) until the tenant tree keeps their recurrent state; these make the layers
+computable on CPU first.
 """
 
 from __future__ import annotations
@@ -39,8 +44,6 @@ import torch.nn.functional as F
 
 MAMBA_MODULE = "sgl_kernel.mamba"
 PAD_SLOT_ID = -1
-_MISSING = ("chunk_gated_delta_rule_cpu",)
-"""``sgl_kernel.mamba`` functions SGLang imports that have no stand-in yet."""
 
 _library: torch.library.Library | None = None
 
@@ -48,8 +51,6 @@ _library: torch.library.Library | None = None
 def install(stub: types.ModuleType) -> None:
     """Add ``sgl_kernel.mamba`` to the stand-in module ``stub`` and register the ``torch.ops.sgl_kernel``
     ops (idempotent)."""
-    from sglang_iso.platform.cpu import missing_kernel
-
     mamba = sys.modules.get(MAMBA_MODULE)
     if mamba is None:
         mamba = types.ModuleType(MAMBA_MODULE)
@@ -57,8 +58,7 @@ def install(stub: types.ModuleType) -> None:
         sys.modules[MAMBA_MODULE] = mamba
     mamba.causal_conv1d_fn_cpu = causal_conv1d_fn_cpu  # type: ignore[attr-defined]
     mamba.causal_conv1d_update_cpu = causal_conv1d_update_cpu  # type: ignore[attr-defined]
-    for name in _MISSING:
-        setattr(mamba, name, missing_kernel(f"{MAMBA_MODULE}.{name}"))
+    mamba.chunk_gated_delta_rule_cpu = chunk_gated_delta_rule_cpu  # type: ignore[attr-defined]
     stub.mamba = mamba  # type: ignore[attr-defined]
     _register_ops()
 
@@ -70,6 +70,12 @@ def _register_ops() -> None:
     lib = torch.library.Library("sgl_kernel", "FRAGMENT")
     lib.define("fused_gdn_gating_cpu(Tensor A_log, Tensor a, Tensor b, Tensor dt_bias) -> (Tensor, Tensor)")
     lib.impl("fused_gdn_gating_cpu", fused_gdn_gating_cpu, "CPU")
+    lib.define(
+        "fused_sigmoid_gating_delta_rule_update_cpu(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, Tensor v, "
+        "Tensor a, Tensor b, Tensor(a!) initial_state_source, Tensor initial_state_indices, Tensor cu_seqlens, "
+        "bool use_qk_l2norm_in_kernel, float softplus_beta=1.0, float softplus_threshold=20.0) -> Tensor"
+    )
+    lib.impl("fused_sigmoid_gating_delta_rule_update_cpu", fused_sigmoid_gating_delta_rule_update_cpu, "CPU")
     _library = lib
 
 
@@ -81,6 +87,114 @@ def fused_gdn_gating_cpu(
     x = a.float() + dt_bias.float()
     g = -torch.exp(A_log.float()) * F.softplus(x, beta=1.0, threshold=20.0)
     return g.unsqueeze(0), torch.sigmoid(b.float()).unsqueeze(0)
+
+
+def fused_sigmoid_gating_delta_rule_update_cpu(
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    initial_state_source: torch.Tensor,
+    initial_state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+) -> torch.Tensor:
+    """Decode: the gates from raw ``a``/``b`` (``[tokens, HV]``), then the delta rule (see the module doc).
+
+    Args:
+        q, k: ``[1, tokens, H, K]``; v: ``[1, tokens, HV, V]``; sequences packed by ``cu_seqlens``.
+        initial_state_source: ``[slots, HV, V, K]``. MUTATED: each sequence's slot (non-negative index).
+        initial_state_indices: ``[sequences]`` slot per sequence.
+
+    Returns:
+        ``[1, tokens, HV, V]`` in ``q``'s dtype.
+    """
+    x = a.reshape(-1, a.shape[-1]).float() + dt_bias.float()
+    g = -torch.exp(A_log.float()) * F.softplus(x, beta=softplus_beta, threshold=softplus_threshold)
+    beta = torch.sigmoid(b.reshape(-1, b.shape[-1]).float())
+    out, _ = _delta_rule(q, k, v, g, beta, initial_state_source, initial_state_indices, cu_seqlens,
+                         use_qk_l2norm_in_kernel)  # fmt: skip
+    return out
+
+
+def chunk_gated_delta_rule_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    head_first: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    initial_state_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """Prefill: the delta rule over each sequence with precomputed gates ``g`` (log decay) and ``beta``
+    (``[1, tokens, HV]``), starting from and writing back to the sequences' state slots.
+
+    Args:
+        initial_state: ``[slots, HV, V, K]``. MUTATED: each sequence's slot (non-negative index).
+        initial_state_indices: ``[sequences]`` slot per sequence; None: sequence ``i`` uses slot ``i``.
+
+    Returns:
+        ``([1, tokens, HV, V]`` output, ``[sequences, HV, V, K]`` final states, None), as SGLang's CPU wrapper.
+
+    Raises:
+        ValueError: a head-first layout (SGLang passes ``head_first=False``).
+    """
+    if head_first:
+        raise ValueError("chunk_gated_delta_rule_cpu takes [batch, tokens, heads, dim] tensors (head_first=False)")
+    sequences = int(cu_seqlens.numel()) - 1
+    indices = initial_state_indices if initial_state_indices is not None else torch.arange(sequences)
+    out, finals = _delta_rule(q, k, v, g.reshape(-1, g.shape[-1]).float(), beta.reshape(-1, beta.shape[-1]).float(),
+                              initial_state, indices, cu_seqlens, use_qk_l2norm_in_kernel)  # fmt: skip
+    return out, finals, None
+
+
+def _delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    pool: torch.Tensor,
+    indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    l2norm: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence of the module doc over packed sequences; ``g`` and ``beta`` are ``[tokens, HV]`` float32.
+    MUTATES ``pool`` (the slots of non-negative ``indices``). Returns the output and each sequence's final state."""
+    heads, key_dim = int(q.shape[-2]), int(q.shape[-1])
+    value_heads, value_dim = int(v.shape[-2]), int(v.shape[-1])
+    group = value_heads // heads
+    qs = q.reshape(-1, heads, key_dim).float().repeat_interleave(group, dim=1)  # [tokens, HV, K]
+    ks = k.reshape(-1, heads, key_dim).float().repeat_interleave(group, dim=1)
+    vs = v.reshape(-1, value_heads, value_dim).float()  # [tokens, HV, V]
+    if l2norm:
+        qs = qs * torch.rsqrt((qs * qs).sum(-1, keepdim=True) + 1e-6)
+        ks = ks * torch.rsqrt((ks * ks).sum(-1, keepdim=True) + 1e-6)
+    qs = qs * key_dim**-0.5
+    out = torch.zeros(vs.shape, dtype=torch.float32)
+    starts = [int(x) for x in cu_seqlens.tolist()]
+    finals = []
+    for n, (begin, end) in enumerate(itertools.pairwise(starts)):
+        slot = int(indices[n])
+        state = pool[slot].float().clone() if slot >= 0 else torch.zeros(value_heads, value_dim, key_dim)
+        for t in range(begin, end):
+            state *= torch.exp(g[t])[:, None, None]
+            update = beta[t][:, None] * (vs[t] - torch.einsum("hvk,hk->hv", state, ks[t]))
+            state += update[:, :, None] * ks[t][:, None, :]
+            out[t] = torch.einsum("hvk,hk->hv", state, qs[t])
+        if slot >= 0:
+            pool[slot] = state.to(pool.dtype)
+        finals.append(state)
+    final = torch.stack(finals) if finals else torch.zeros(0, value_heads, value_dim, key_dim)
+    return out.reshape(*v.shape).to(q.dtype), final
 
 
 def causal_conv1d_fn_cpu(
