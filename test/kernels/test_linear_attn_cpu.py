@@ -207,3 +207,23 @@ def test_sglang_convolution_kernels_still_fail_in_the_interpreter() -> None:
     with pytest.raises(InterpreterError, match="mask has unsupported dtype"):
         causal_conv1d_update(torch.zeros(2, DIM), pool, torch.zeros(DIM, WIDTH), None, "silu",
                              conv_state_indices=torch.tensor([1, 3], dtype=torch.int32))  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gated_rms_norm_matches_the_reference_model(seed: int) -> None:
+    """SGLang's ``FusedRMSNormGated`` (its Triton path replaced on CPU) against Hugging Face's Qwen3-Next gated
+    RMSNorm, an implementation of the same layer that shares no code with either."""
+    from sglang.kernels.ops.attention.fla import fused_norm_gate
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    assert linear_attn_cpu.apply()
+    assert fused_norm_gate.rms_norm_gated is linear_attn_cpu.rms_norm_gated_cpu  # the shim is what runs below
+    gen = torch.Generator().manual_seed(seed)
+    x, gate = torch.randn(5, 4, V, generator=gen), torch.randn(5, 4, V, generator=gen)
+    weight = torch.randn(V, generator=gen)
+    ours = fused_norm_gate.FusedRMSNormGated(V, eps=1e-6, activation="silu")
+    theirs = Qwen3NextRMSNormGated(V, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.copy_(weight)
+        theirs.weight.copy_(weight)
+        torch.testing.assert_close(ours(x, gate), theirs(x, gate), rtol=1e-5, atol=1e-6)

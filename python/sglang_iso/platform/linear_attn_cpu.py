@@ -26,7 +26,11 @@ The gated delta rule, per sequence and value head ``h`` (query/key head ``h // (
     S = S * exp(g);  u = beta * (v - S k);  S = S + u k^T;  o = S (q * K^-0.5)
 
 and the final ``S`` is written back to the slot. The prefill op does it token by token (the chunked form is the
-same recurrence regrouped). Not here: the speculative target-verify forms of the decode ops (the convolution's
+same recurrence regrouped). The gated RMSNorm after the delta rule (``FusedRMSNormGated``, Triton with block
+pointers, which this Triton's interpreter no longer has) calls ``rms_norm_gated`` of its module, which
+:func:`apply` replaces on import with a torch version: ``y = x * rsqrt(mean(x^2) + eps) * weight * act(gate)``
+per row of the last dimension (``act`` SiLU for ``swish``/``silu``, else sigmoid; a residual is added first).
+Not here: the speculative target-verify forms of the decode ops (the convolution's
 names itself; the delta rule's extra arguments fail the op's schema). Hybrid linear-attention models stay refused
 at start (:mod:`sglang_iso.coverage`) until the tenant tree keeps their recurrent state; these make the layers
 computable on CPU first.
@@ -42,10 +46,51 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sglang_iso.platform.import_patch import ShimOnImport
+
 MAMBA_MODULE = "sgl_kernel.mamba"
+NORM_MODULE = "sglang.kernels.ops.attention.fla.fused_norm_gate"
 PAD_SLOT_ID = -1
 
 _library: torch.library.Library | None = None
+
+
+def apply() -> bool:
+    """Replace the gated RMSNorm's Triton path (now, or when its module is imported). Idempotent; False with
+    CUDA."""
+    return _NORM_SHIM.apply()
+
+
+def patch_norm_module(module: types.ModuleType) -> None:
+    """Point :data:`NORM_MODULE`'s ``rms_norm_gated`` at :func:`rms_norm_gated_cpu` (idempotent)."""
+    module.rms_norm_gated = rms_norm_gated_cpu
+
+
+def rms_norm_gated_cpu(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    activation: str = "swish",
+    residual: torch.Tensor | None = None,
+    prenorm: bool = False,
+    residual_in_fp32: bool = False,
+    eps: float = 1e-6,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMS-normalize ``x`` over its last dimension, scale by ``weight`` (plus ``bias``), gate by ``act(g)``;
+    with ``prenorm`` also return ``x + residual`` (float32 with ``residual_in_fp32``)."""
+    summed = x.float() if residual is None else x.float() + residual.float()
+    y = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    gate = g.float()
+    y = y * (F.silu(gate) if activation in ("swish", "silu") else torch.sigmoid(gate))
+    if not prenorm:
+        return y.to(x.dtype)
+    kept = residual.dtype if residual is not None else (torch.float32 if residual_in_fp32 else x.dtype)
+    return y.to(x.dtype), summed.to(kept)
 
 
 def install(stub: types.ModuleType) -> None:
@@ -307,3 +352,6 @@ def _convolve(
     if activation in ("silu", "swish", True):
         y = F.silu(y)
     return y
+
+
+_NORM_SHIM = ShimOnImport([NORM_MODULE], patch_norm_module)
