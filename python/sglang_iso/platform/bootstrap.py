@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_iso import envvars
-from sglang_iso.platform import cpu, hicache_cpu, linear_attn_cpu, lora_cpu, mla_cpu, pd_cpu
+from sglang_iso.platform import cpu, gated_norm_cpu, hicache_cpu, lora_cpu, mla_cpu, pd_cpu
 
 
 def apply() -> None:
@@ -13,7 +13,7 @@ def apply() -> None:
     hicache_cpu.apply()
     pd_cpu.apply()
     mla_cpu.apply()
-    linear_attn_cpu.apply()
+    gated_norm_cpu.apply()
 
 
 def cuda_available() -> bool:

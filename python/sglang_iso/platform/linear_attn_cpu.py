@@ -27,9 +27,8 @@ The gated delta rule, per sequence and value head ``h`` (query/key head ``h // (
 
 and the final ``S`` is written back to the slot. The prefill op does it token by token (the chunked form is the
 same recurrence regrouped). The gated RMSNorm after the delta rule (``FusedRMSNormGated``, Triton with block
-pointers, which this Triton's interpreter no longer has) calls ``rms_norm_gated`` of its module, which
-:func:`apply` replaces on import with a torch version: ``y = x * rsqrt(mean(x^2) + eps) * weight * act(gate)``
-per row of the last dimension (``act`` SiLU for ``swish``/``silu``, else sigmoid; a residual is added first).
+pointers, which this Triton's interpreter no longer has) gets a torch version from
+:mod:`sglang_iso.platform.gated_norm_cpu`.
 Not here: the speculative target-verify forms of the decode ops (the convolution's
 names itself; the delta rule's extra arguments fail the op's schema). Hybrid linear-attention models stay refused
 at start (:mod:`sglang_iso.coverage`) until the tenant tree keeps their recurrent state; these make the layers
@@ -46,51 +45,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sglang_iso.platform.import_patch import ShimOnImport
-
 MAMBA_MODULE = "sgl_kernel.mamba"
-NORM_MODULE = "sglang.kernels.ops.attention.fla.fused_norm_gate"
 PAD_SLOT_ID = -1
 
 _library: torch.library.Library | None = None
-
-
-def apply() -> bool:
-    """Replace the gated RMSNorm's Triton path (now, or when its module is imported). Idempotent; False with
-    CUDA."""
-    return _NORM_SHIM.apply()
-
-
-def patch_norm_module(module: types.ModuleType) -> None:
-    """Point :data:`NORM_MODULE`'s ``rms_norm_gated`` at :func:`rms_norm_gated_cpu` (idempotent)."""
-    module.rms_norm_gated = rms_norm_gated_cpu  # type: ignore[attr-defined]
-
-
-def rms_norm_gated_cpu(
-    x: torch.Tensor,
-    g: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    activation: str = "swish",
-    residual: torch.Tensor | None = None,
-    prenorm: bool = False,
-    residual_in_fp32: bool = False,
-    eps: float = 1e-6,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMS-normalize ``x`` over its last dimension, scale by ``weight`` (plus ``bias``), gate by ``act(g)``;
-    with ``prenorm`` also return ``x + residual`` (float32 with ``residual_in_fp32``)."""
-    summed = x.float() if residual is None else x.float() + residual.float()
-    y = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    gate = g.float()
-    y = y * (F.silu(gate) if activation in ("swish", "silu") else torch.sigmoid(gate))
-    if not prenorm:
-        return y.to(x.dtype)
-    kept = residual.dtype if residual is not None else (torch.float32 if residual_in_fp32 else x.dtype)
-    return y.to(x.dtype), summed.to(kept)
 
 
 def install(stub: types.ModuleType) -> None:
@@ -318,12 +276,10 @@ def causal_conv1d_update_cpu(
         The same shape as ``x``.
 
     Raises:
-        MissingKernelError: a target-verify call (``intermediate_conv_window`` given).
+        NotImplementedError: a target-verify call (``intermediate_conv_window`` given), naming it.
     """
     if intermediate_conv_window is not None:
-        from sglang_iso.platform.cpu import missing_kernel
-
-        missing_kernel(f"{MAMBA_MODULE}.causal_conv1d_update_cpu (speculative target verify)")()
+        raise NotImplementedError(f"{MAMBA_MODULE}.causal_conv1d_update_cpu (speculative target verify) on CPU")
     single = x.dim() == 2
     xs = x.unsqueeze(-1) if single else x  # (batch, dim, tokens)
     keep = int(weight.shape[1]) - 1
@@ -352,6 +308,3 @@ def _convolve(
     if activation in ("silu", "swish", True):
         y = F.silu(y)
     return y
-
-
-_NORM_SHIM = ShimOnImport([NORM_MODULE], patch_norm_module)
