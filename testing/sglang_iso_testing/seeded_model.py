@@ -26,12 +26,15 @@ def unit_draws(gen: torch.Generator) -> Callable[..., torch.Tensor]:
     return draw
 
 
-def write_model_dir(directory: Path, config: dict[str, Any], weights: dict[str, torch.Tensor]) -> Path:
-    """Write ``config.json``, the bundled tokenizer and ``model.safetensors`` to ``directory``; returns it."""
+def write_model_dir(directory: Path, config: dict[str, Any], weights: dict[str, torch.Tensor] | None) -> Path:
+    """Write ``config.json``, the bundled tokenizer and ``model.safetensors`` to ``directory``; returns it.
+    ``weights`` None writes no weights (a model served with ``--load-format dummy``)."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copy(tiny_model_path() / name, directory / name)
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    if weights is None:
+        return directory
     tensors = {k: v.contiguous() for k, v in weights.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory

@@ -10,13 +10,10 @@ server runs with ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from sglang_iso.models import tiny_model_path
-from sglang_iso_testing.seeded_model import TOKENIZER_FILES
+from sglang_iso_testing.seeded_model import write_model_dir
 
 SERVE_FLAGS = (
     "--load-format", "dummy", "--dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
@@ -61,9 +58,5 @@ def qwen3_next_config() -> dict[str, Any]:
 
 
 def write_tiny_qwen3_next(directory: Path) -> Path:
-    """Write ``config.json`` and the bundled tokenizer to ``directory``; returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tiny_model_path() / name, directory / name)
-    (directory / "config.json").write_text(json.dumps(qwen3_next_config(), indent=1) + "\n")
-    return directory
+    """Write ``config.json`` and the bundled tokenizer (no weights) to ``directory``; returns it."""
+    return write_model_dir(directory, qwen3_next_config(), None)
