@@ -61,6 +61,22 @@ BYPASS_ENV: dict[str, str] = {
 }
 """Environment switches refused with a tenants file (set to 1, true or yes): name -> why."""
 STORAGE_FLAG = "--hicache-storage-backend"
+HYBRID_SSM_FLAGS: dict[str, str] = {
+    "--enable-hierarchical-cache": "the host tier keeps no recurrent state",
+    "--speculative-algorithm": "draft state pools are not scrubbed or namespaced",
+    "--disaggregation-mode": "transferred state is outside the quarantine",
+    "--enable-streaming-session": "streaming sessions match outside the namespace check",
+    "--enable-session-radix-cache": "session references pin nodes outside the namespace check",
+    "--enable-unified-cache-external-linker": "an external cache linker loads KV outside the namespace check",
+    "--enable-lora": "adapters are not namespaced in the hybrid tree",
+}
+"""Flags refused with hybrid SSM models (their tree is SGLang's unified tree under the tenant rules): flag -> why."""
+MAMBA_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
+MAMBA_STRATEGY = "no_buffer"
+"""The recurrent-state cache strategy served: snapshots only where a request's state already is (the launcher adds
+it for hybrid SSM models); the extra-buffer strategies' ping-pong track slots are not covered."""
+TENANT_LIMIT_FIELDS = ("quota_tokens", "host_quota_tokens", "l3_quota_tokens", "shared_prefixes")
+"""Tenants-file settings enforced by the tenant tree's own namespaces (not by the hybrid tree)."""
 
 
 class NotCoveredError(RuntimeError):
@@ -125,6 +141,13 @@ class Features:
     """The class name of the scheduler's KV pool (None: not known at this stage)."""
     unscrubbed_tensors: frozenset[str] = frozenset()
     """Tensors of the KV pool that scrub-on-free does not zero (``Class.attribute``; empty with scrub off)."""
+    hybrid_ssm_flags: frozenset[str] = frozenset()
+    """The :data:`HYBRID_SSM_FLAGS` that are on."""
+    mamba_strategy: str | None = None
+    """``--mamba-radix-cache-strategy`` (None: not given; at the scheduler SGLang's resolved value)."""
+    tenant_limits: frozenset[str] = frozenset()
+    """Tenants-file settings the tenant tree enforces per namespace (``quota_tokens``, ``host_quota_tokens``,
+    ``l3_quota_tokens``, ``shared_prefixes``) that are set (known at the scheduler only)."""
 
     @classmethod
     def from_argv(
@@ -166,6 +189,8 @@ class Features:
                 cpu=(flag_value(argv, "--device") or (None if cuda_available else "cpu")) == "cpu",
             ),
             device=flag_value(argv, "--device") or (None if cuda_available else "cpu"),
+            hybrid_ssm_flags=frozenset(f for f in HYBRID_SSM_FLAGS if has_flag(argv, f)),
+            mamba_strategy=flag_value(argv, MAMBA_STRATEGY_FLAG),
         )
 
     @classmethod
@@ -182,6 +207,7 @@ class Features:
         attention_sinks: bool = False,
         kv_pool_class: str | None = None,
         unscrubbed_tensors: frozenset[str] = frozenset(),
+        tenant_limits: frozenset[str] = frozenset(),
     ) -> Features:
         """The features of SGLang's ``ServerArgs`` (read by attribute; model and pool facts from the caller)."""
         get = lambda name: getattr(server_args, name, None)  # noqa: E731
@@ -210,6 +236,9 @@ class Features:
             device=get("device"),
             kv_pool_class=kv_pool_class,
             unscrubbed_tensors=unscrubbed_tensors,
+            hybrid_ssm_flags=frozenset(f for f in HYBRID_SSM_FLAGS if get(_attr(f)) not in (None, False, "", "null")),
+            mamba_strategy=get(_attr(MAMBA_STRATEGY_FLAG)),
+            tenant_limits=tenant_limits,
         )
 
 
@@ -320,9 +349,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",
         "HybridLinearKVPool",
-        "refused",
-        "the tree keeps no namespaced state snapshots yet (scrub of freed state slots: "
-        "`test/integration/test_mamba_scrub.py`)",
+        "served with tenants",
+        "`test/e2e/test_linear_attn_cpu.py` (tiny Qwen3-Next: GDN layers on the CPU stand-ins); state snapshots on "
+        "SGLang's unified tree under the namespace check (`integration/hybrid_cache.py`); scrub of freed state "
+        "slots: `test/integration/test_mamba_scrub.py`",
     ),
     Family("anything else", "any other class", "refused", "an unknown pool fails closed"),
 )
@@ -562,10 +592,32 @@ def _hybrid_swa(f: Features) -> str | None:
     return f"hybrid SWA models in SGLang's SWA sub-pool layout (pass {SWA_LAYOUT_FLAG})" if f.hybrid_swa else None
 
 
-def _hybrid_ssm(f: Features) -> str | None:
-    if not f.hybrid_ssm:
+def _attr(flag: str) -> str:
+    """The ``ServerArgs`` attribute of an SGLang flag."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def _hybrid_ssm_flag(flag: str) -> Callable[[Features], str | None]:
+    def check(f: Features) -> str | None:
+        if not f.hybrid_ssm or flag not in f.hybrid_ssm_flags:
+            return None
+        return f"{flag} with hybrid SSM/Mamba models ({HYBRID_SSM_FLAGS[flag]})"
+
+    return check
+
+
+def _hybrid_ssm_strategy(f: Features) -> str | None:
+    if not f.hybrid_ssm or f.mamba_strategy in (None, "auto", MAMBA_STRATEGY):
         return None
-    return "hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...: per-request recurrent state)"
+    return f"{MAMBA_STRATEGY_FLAG} {f.mamba_strategy} with hybrid SSM/Mamba models (pass {MAMBA_STRATEGY})"
+
+
+def _hybrid_ssm_limits(f: Features) -> str | None:
+    if not f.hybrid_ssm or not f.tenant_limits:
+        return None
+    return (
+        f"tenants-file {', '.join(sorted(f.tenant_limits))} with hybrid SSM/Mamba models (not enforced per namespace)"
+    )
 
 
 def _sinks_on_torch_native(f: Features) -> str | None:
@@ -688,7 +740,19 @@ ROWS: tuple[Row, ...] = (
         "tree",
         _hybrid_swa,
     ),
-    Row("hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)", _LS, "tree", _hybrid_ssm),
+    *(Row(f"hybrid SSM/Mamba models with `{flag}`", _LS, "tree", _hybrid_ssm_flag(flag)) for flag in HYBRID_SSM_FLAGS),
+    Row(
+        f"hybrid SSM/Mamba models with `{MAMBA_STRATEGY_FLAG}` other than `{MAMBA_STRATEGY}`",
+        _LS,
+        "tree",
+        _hybrid_ssm_strategy,
+    ),
+    Row(
+        "hybrid SSM/Mamba models with per-tenant quotas or shared prefixes in the tenants file",
+        _S,
+        "tree",
+        _hybrid_ssm_limits,
+    ),
     Row(
         "models with attention sinks (gpt-oss) on the torch_native attention backend",
         _LS,

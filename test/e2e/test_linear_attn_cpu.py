@@ -1,10 +1,18 @@
-"""A hybrid linear-attention model served by SGLang on CPU through sglang-iso's platform layer.
+"""A hybrid linear-attention model served on CPU, upstream and through sglang-iso with tenants.
 
-Upstream SGLang (``python -m sglang_iso.baseline_server``: SGLang's own server with the CPU shims, no tenant cache)
-serves a tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``, dummy weights): its GDN layers run the torch
-stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites (convolution, gates, the delta rule, the
-gated RMSNorm), which the kernel tests cannot show. sglang-iso itself still refuses the model (its recurrent state is
-not namespaced in the tenant tree yet); that refusal is checked too.
+A tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, dummy
+weights) whose GDN layers run the torch stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites.
+Upstream SGLang (``python -m sglang_iso.baseline_server``) serves it deterministically. sglang-iso serves it with a
+tenants file, the owner check on and the test plugins loaded: its tree is SGLang's unified tree with the Mamba
+component (a node's recurrent state snapshot is copied into a matching request's own slot) under the namespace
+check (``integration/hybrid_cache.py``). In one run, with positive controls: a tenant's continuation of its own
+conversation hits the cache (prompt, output and state) while the same tokens from another tenant miss, and both
+give the same tokens; a forged tag shares nothing; a planted foreign KV slot is redirected and the request aborted;
+after pool pressure every free KV page is zero; an erase drops only its tenant's nodes. Flags the hybrid tree does
+not cover are refused at start, naming them.
+
+NOTE: with dummy weights the model's next token follows the last prompt token whatever the state (a weak oracle of
+the state itself); what these tests show is where state and KV are reused, not that a reused state is right.
 """
 
 from __future__ import annotations
@@ -16,12 +24,32 @@ from pathlib import Path
 
 import pytest
 
-from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, request_json
+from sglang_iso import envvars
+from sglang_iso_testing.forge_tag import MARKER
+from sglang_iso_testing.forge_tag import __name__ as FORGE_PLUGIN
+from sglang_iso_testing.plant import plant_env
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv, request_json
+from sglang_iso_testing.tenants import write_tenants_file as write_tenants
 from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS, write_tiny_qwen3_next
+
+from .helpers import (
+    assert_free_pages_zero_after_pressure,
+    assert_planted_slot_aborts,
+    auth,
+    generate_to_length,
+    random_prompt,
+    server_info,
+    tree_state,
+)
 
 pytestmark = pytest.mark.e2e
 
-SIZES = ("--max-total-tokens", "4096", "--max-running-requests", "4")
+POOL_TOKENS = 4096
+SIZES = ("--max-total-tokens", str(POOL_TOKENS), "--max-running-requests", "4")
+ISO_FLAGS = tuple(f for f in SERVE_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer"))
+"""The serving flags without the state strategy: the launcher adds it for hybrid models."""
+NEW_TOKENS = 6
+ENV = {"TRITON_INTERPRET": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +58,108 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def keys() -> dict[str, str]:
+    from sglang_iso.tenancy.keys import new_api_key
+
+    return {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    tenants = {"acme": {"cache": "private"}, "globex": {"cache": "private"}, "initech": {"cache": "off"}}
+    path = write_tenants(tmp_path_factory.mktemp("tenants"), tenants, keys=keys).path
+    port = free_port()
+    argv = iso_server_argv(port, model, *SIZES, *ISO_FLAGS, "--tenants-file", str(path))
+    env = {**ENV, **plant_env()}
+    env[envvars.TEST_PLUGINS.name] += "," + FORGE_PLUGIN
+    srv = ServerProcess(argv, port, env=env)
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _conversation(srv: ServerProcess, key: str, prompt: list[int]) -> tuple[list[int], dict]:
+    """The prompt, then its continuation (prompt + output + a new turn); returns the continuation and its reply."""
+    first = generate_to_length(srv, key, prompt, NEW_TOKENS)
+    assert first["meta_info"]["cached_tokens"] == 0
+    follow = [*prompt, *first["output_ids"], *random_prompt(9)[1:]]
+    return follow, generate_to_length(srv, key, follow, NEW_TOKENS)
+
+
+def test_served_with_the_hybrid_tree_state_scrub_and_owner_check(server: ServerProcess, keys: dict[str, str]) -> None:
+    info = server_info(server, keys["admin"])
+    assert info["mamba_radix_cache_strategy"] == "no_buffer"  # added by the launcher
+    tree = tree_state(server, keys["admin"])
+    assert tree["impl"] == "TenantHybridCache" and tree["kv_pool"] == "HybridLinearKVPool"
+    assert tree["state_pool"] == "MambaPool"
+    assert tree["kv_scrub"] == "on-free" and tree["state_scrub"] == "on-free" and tree["kv_owner_check"] == "on"
+
+
+def test_a_tenants_continuation_hits_its_state_another_tenant_misses_with_the_same_tokens(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    follow, hit = _conversation(server, keys["acme"], random_prompt(40))
+    cached = hit["meta_info"]["cached_tokens"]
+    assert cached >= 40  # positive control: prompt and output, with the state at their end
+    other = generate_to_length(server, keys["globex"], follow, NEW_TOKENS)  # isolation: the same tokens
+    assert other["meta_info"]["cached_tokens"] == 0
+    assert other["output_ids"] == hit["output_ids"]  # a hit computes what a miss does
+    off = generate_to_length(server, keys["initech"], follow, NEW_TOKENS)  # cache off: never shares
+    assert off["meta_info"]["cached_tokens"] == 0
+    tree = tree_state(server, keys["admin"])
+    assert tree["violations"] == 0 and tree["hybrid_hit_tokens"] >= cached
+
+
+def _text_continuation_cached(srv: ServerProcess, key: str, text: str) -> int:
+    """A text prompt, then its continuation (prompt + reply + more); the continuation's cached tokens."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
+    status, first = srv.post("/generate", body, headers=auth(key))
+    assert status == 200 and first["meta_info"]["cached_tokens"] == 0, first
+    body["text"] = text + first["text"] + " and the next line, please"
+    status, follow = srv.post("/generate", body, headers=auth(key))
+    assert status == 200, follow
+    return int(follow["meta_info"]["cached_tokens"])
+
+
+def test_a_forged_tag_shares_nothing_and_the_tenants_own_tag_still_hits(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    """Requests whose tag the forge plugin rewrites (MAC of zeros) behind the gate: served, never a hit, counted;
+    the same conversation with the tenant's own tag hits (control)."""
+    before = tree_state(server, keys["admin"])["rejected_tags"]
+    assert _text_continuation_cached(server, keys["acme"], f"{MARKER} q3 figures of acme, line by line:") == 0
+    assert tree_state(server, keys["admin"])["rejected_tags"] >= before + 2
+    assert _text_continuation_cached(server, keys["acme"], "q3 figures of acme, line by line:") > 0
+
+
+def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    assert_planted_slot_aborts(server, keys, 40, NEW_TOKENS)
+
+
+def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys: dict[str, str]) -> None:
+    assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
+    assert tree_state(server, keys["admin"])["state_scrubbed_slots"] > 0
+
+
+def test_an_erase_drops_the_tenants_nodes_and_keeps_the_others(server: ServerProcess, keys: dict[str, str]) -> None:
+    acme_follow, _ = _conversation(server, keys["acme"], random_prompt(40))
+    globex_follow, _ = _conversation(server, keys["globex"], random_prompt(40))
+    status, receipt = server.post("/iso/tenants/acme/erase", {}, headers=auth(keys["admin"]))
+    assert status == 200 and receipt["erased"], receipt
+    again = generate_to_length(server, keys["acme"], acme_follow, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens"] == 0  # acme's nodes are gone
+    kept = generate_to_length(server, keys["globex"], globex_follow, NEW_TOKENS)
+    assert kept["meta_info"]["cached_tokens"] >= 40  # control: globex's are not
+
+
+@pytest.fixture(scope="module")
 def upstream(model: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, *SERVE_FLAGS), port, env={"TRITON_INTERPRET": "1"})
+    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, *SERVE_FLAGS), port, env=ENV)
     try:
         srv.start(timeout_s=400)
         yield srv
@@ -41,7 +168,7 @@ def upstream(model: Path) -> Iterator[ServerProcess]:
 
 
 def _generate(server: ServerProcess, ids: list[int]) -> list[int]:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}
     status, out = request_json(server.base_url + "/generate", body)
     assert status == 200, out
     return list(out["output_ids"])
@@ -52,17 +179,23 @@ def test_upstream_serves_gdn_layers_on_cpu_deterministically(upstream: ServerPro
     second = [5 + (11 * i) % 1900 for i in range(24)]
     a = _generate(upstream, first)
     b = _generate(upstream, second)
-    assert len(a) == 6 and len(b) == 6
+    assert len(a) == NEW_TOKENS and len(b) == NEW_TOKENS
     assert _generate(upstream, first) == a  # greedy: the same prompt gives the same tokens
     assert _generate(upstream, second) == b
 
 
-def test_sglang_iso_refuses_the_model_by_name(model: Path) -> None:
-    """The same model through sglang-iso's launcher is refused at start, naming the family (the test above shows
-    that it is not because the model cannot run here)."""
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--mamba-radix-cache-strategy", "extra_buffer"), "--mamba-radix-cache-strategy extra_buffer"),
+        (("--speculative-algorithm", "NGRAM"), "--speculative-algorithm with hybrid SSM/Mamba models"),
+    ],
+)
+def test_uncovered_flags_are_refused_at_start_by_name(model: Path, flags: tuple[str, ...], named: str) -> None:
+    """The launcher refuses them before SGLang starts (the served tests above are the control)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_iso.launch_server", "--model-path", str(model), *SIZES, *SERVE_FLAGS],
+        [sys.executable, "-m", "sglang_iso.launch_server", "--model-path", str(model), *SIZES, *ISO_FLAGS, *flags],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode != 0
-    assert "hybrid SSM/Mamba models" in proc.stdout + proc.stderr
+    assert named in proc.stdout + proc.stderr

@@ -21,6 +21,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TenantRadixCache", "build_tenant_cache"]
 
+TREE_CORE = "python"
+"""SGLang's tree core the hybrid cache runs on (``CacheInitParams.tree_core_backend``)."""
+
 
 def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
     """Factory registered under ``tenant``.
@@ -53,6 +56,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         attention_sinks=_has_attention_sinks(ctx.server_args),
         kv_pool_class=None if kvcache is None else type(kvcache).__name__,
         unscrubbed_tensors=frozenset() if kvcache is None or not settings.kv_scrub else unscrubbed_tensors(kvcache),
+        tenant_limits=_tenant_limits(config),
     )
     refused = coverage.refusals(features)
     if refused:
@@ -67,6 +71,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
                 l3_quota_tokens=tenant.l3_quota_tokens,
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
+    if ctx.is_hybrid_ssm:
+        return _build_hybrid_cache(ctx, settings, resolver, policies)
     cache = TenantRadixCache(ctx.params, resolver, policies)
     if config is not None:
         from sglang_iso.integration.fairness import KvShares
@@ -91,6 +97,47 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
         declare_shared_prefixes(cache.tree, config, tokenizer, cache.page_size, cache.tree_key)
     runtime.install(runtime.SchedulerRuntime(settings, cache, page_owners=cache.page_owners, pd_guard=cache.pd_guard))
     logger.info("sglang-iso: tenant tree cache built (namespace mode %s)", cache.resolver.mode)
+    return cache
+
+
+def _build_hybrid_cache(
+    ctx: TreeCacheBuildContext, settings: Settings, resolver: NamespaceResolver, policies: dict[str, TenantPolicy]
+) -> BasePrefixCache:
+    """A hybrid linear-attention model: SGLang's unified tree with its Mamba component, under the tenant rules.
+
+    Raises:
+        NotCoveredError: a recurrent-state tensor the state scrubber would not zero.
+    """
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from sglang_iso.integration.hybrid_cache import TenantHybridCache
+
+    config = settings.tenants()
+    # NOTE: SGLang's Python tree core: the namespace check walks its nodes (the Rust core keeps them opaque).
+    ctx.params.tree_core_backend = TREE_CORE
+    cache = create_unified_radix_cache(ctx, cache_class=TenantHybridCache)
+    if type(cache.tree_core).__name__ != "UnifiedTreeCore":
+        raise NotCoveredError(f"sglang-iso: hybrid SSM models on the {type(cache.tree_core).__name__} tree core")
+    if not isinstance(cache, TenantHybridCache):  # SGLang chose another class (a platform override)
+        raise NotCoveredError(f"sglang-iso: hybrid SSM models with SGLang's {type(cache).__name__}")
+    cache.configure(resolver, policies)
+    if config is not None:
+        from sglang_iso.integration.fairness import KvShares
+
+        cache.kv_shares = KvShares(config.kv_share_of)
+    if settings.kv_scrub:
+        from sglang_iso.integration.mamba_scrub import MambaScrubber
+        from sglang_iso.integration.scrub import make_scrubber
+
+        forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
+        cache.scrubber = make_scrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream)
+        cache.mamba_scrubber = MambaScrubber(cache.req_to_token_pool, forward_stream).install()
+    if settings.kv_owner_check and not cache.disable:
+        from sglang_iso.integration import owner_check
+
+        cache.page_owners = owner_check.OwnerTable(cache).install()
+    runtime.install(runtime.SchedulerRuntime(settings, cache, page_owners=cache.page_owners, pd_guard=None))  # type: ignore[arg-type]
+    logger.info("sglang-iso: tenant hybrid cache built (namespace mode %s)", resolver.mode)
     return cache
 
 
@@ -172,6 +219,14 @@ def _attach_host_tier(
         len(cache.host.l3.index),
         cache.host.l3.index.max_pages,
     )
+
+
+def _tenant_limits(config: Any) -> frozenset[str]:
+    """The per-namespace limits a tenants file sets (:data:`coverage.TENANT_LIMIT_FIELDS`)."""
+    if config is None:
+        return frozenset()
+    found = {f for f in coverage.TENANT_LIMIT_FIELDS[:-1] for t in config.tenants.values() if getattr(t, f) is not None}
+    return frozenset(found | ({"shared_prefixes"} if config.shared_prefixes else set()))
 
 
 def _server_tokenizer(server_args: Any) -> Any:

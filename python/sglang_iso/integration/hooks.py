@@ -24,11 +24,16 @@ class UnhardenedCacheError(RuntimeError):
 
 
 def tree_cache_status(tree_cache: object) -> dict[str, Any]:
-    """Describe a tree cache; ``is_tenant`` is True only for ours."""
+    """Describe a tree cache; ``is_tenant`` is True only for ours (the tenant tree, or the hybrid one)."""
     from sglang_iso.integration.tenant_cache import TenantRadixCache
 
     if isinstance(tree_cache, TenantRadixCache):
         return {"is_tenant": True, **tree_cache.iso_status()}
+    if type(tree_cache).__name__ == "TenantHybridCache":  # NOTE: by name: importing it imports SGLang's unified tree
+        from sglang_iso.integration.hybrid_cache import TenantHybridCache
+
+        if isinstance(tree_cache, TenantHybridCache):
+            return {"is_tenant": True, **tree_cache.iso_status()}
     return {"is_tenant": False, "backend": None, "impl": type(tree_cache).__name__}
 
 

@@ -278,7 +278,30 @@ def unscrubbed_tensors(kvcache: Any) -> frozenset[str]:
     pool, :func:`uncovered_tensors` for any other."""
     if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "swa_kv_pool"):
         return uncovered_swa_tensors(kvcache)
+    if _is_linear_hybrid(kvcache):
+        name = type(kvcache).__name__
+        extra = frozenset(
+            f"{name}.{attr}"
+            for attr, value in vars(kvcache).items()
+            if attr not in _LINEAR_HYBRID_PARTS and _holds_tensor(value, nested=True)
+        )
+        return extra | uncovered_tensors(kvcache.full_kv_pool)
     return uncovered_tensors(kvcache)
+
+
+_LINEAR_HYBRID_PARTS = ("full_kv_pool", "mamba_pool")
+"""A linear-attention hybrid pool's parts: the attention layers' KV pool (scrubbed as any KV pool) and the recurrent
+state pool (zeroed by :class:`~sglang_iso.integration.mamba_scrub.MambaScrubber` on the row pool's slot allocator)."""
+
+
+def _is_linear_hybrid(kvcache: Any) -> bool:
+    """A linear-attention hybrid pool (``HybridLinearKVPool``): attention KV in ``full_kv_pool`` beside a state pool."""
+    return hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "mamba_pool") and not hasattr(kvcache, "swa_kv_pool")
+
+
+def attention_kv_pool(kvcache: Any) -> Any:
+    """The pool holding attention KV by token slot: the attention part of a linear-attention hybrid, else itself."""
+    return kvcache.full_kv_pool if _is_linear_hybrid(kvcache) else kvcache
 
 
 def zero_pages(tensors: PoolTensors, pages: torch.Tensor, page_size: int) -> None:
@@ -301,6 +324,7 @@ def zero_request_rows(tensors: PoolTensors, rows: list[int]) -> None:
 
 def kv_buffers(kvcache: Any) -> list[torch.Tensor]:
     """Every per-layer K, V, scale and MLA buffer of a KV pool, as ``[slots, ...]`` tensors."""
+    kvcache = attention_kv_pool(kvcache)
     out: list[torch.Tensor] = []
     for attr in _BUFFER_ATTRS:
         value = getattr(kvcache, attr, None)
@@ -316,6 +340,7 @@ def pool_tensors(kvcache: Any) -> PoolTensors:
 
     Tensors outside these layouts are listed by :func:`uncovered_tensors`, and the pool is refused.
     """
+    kvcache = attention_kv_pool(kvcache)
     pages = [b for attr in _covered_page_caches(kvcache) for b in _page_row_buffers(kvcache, attr) or []]
     requests = [
         b for attr in _covered_request_attrs(kvcache) for b in getattr(kvcache, attr, None) or [] if b.shape[0] > 0

@@ -146,6 +146,11 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
         sglang_argv.append(SWA_LAYOUT_FLAG)
         added.append(SWA_LAYOUT_FLAG)
 
+    if features.hybrid_ssm and not has_flag(sglang_argv, coverage.MAMBA_STRATEGY_FLAG):
+        # NOTE: the state cache strategy the hybrid tree covers (SGLang's "auto" may pick the extra buffer).
+        sglang_argv += [coverage.MAMBA_STRATEGY_FLAG, coverage.MAMBA_STRATEGY]
+        added += [coverage.MAMBA_STRATEGY_FLAG, coverage.MAMBA_STRATEGY]
+
     if ours.iso_cpu_defaults == "auto" and not cuda_available:
         lora_on = has_flag(sglang_argv, "--enable-lora") or has_flag(sglang_argv, "--lora-paths")
         for flag, value in CPU_DEFAULTS + (CPU_LORA_DEFAULTS if lora_on else ()):

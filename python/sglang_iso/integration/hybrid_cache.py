@@ -1,0 +1,285 @@
+"""``TenantHybridCache``: the tenant cache for hybrid linear-attention models (Qwen3.5, Qwen3-Next, Nemotron-H, ...).
+
+A hybrid model's prefix is reusable only together with the recurrent state its linear-attention layers had at the
+end of it. SGLang keeps those states on tree nodes in its unified tree (``UnifiedRadixCache`` with the Mamba
+component: a node's snapshot is a slot of the ``MambaPool``, copied into a matching request's own slot before its
+forward, and a finished request's slot is donated to the node its insert ends on). This cache is that tree, with the
+tenant rules on top, so the state machinery stays SGLang's own:
+
+* **Namespaces.** SGLang's tree keys every child by ``(extra_key, cache_salt)`` besides its tokens, so each
+  ``extra_key`` roots its own subtree. The front end writes a MAC'd namespace tag into ``extra_key``; here it must
+  verify (:class:`~sglang_iso.identity.tags.NamespaceResolver`), or the request neither matches nor inserts: a
+  request without a verified tag shares nothing, like one whose tenant has ``cache_policy = "off"``.
+* **Ownership tag checked on every match.** Every node carries the key it was inserted under; after the walk, each
+  node from the matched one up to the root must carry the request's own ``(extra_key, cache_salt)``, else the match
+  becomes a miss before any state or KV of it is handed out (counted, logged: fail closed).
+* **Scrub.** Freed KV pages are zeroed by the KV scrubber and freed state slots by
+  :class:`~sglang_iso.integration.mamba_scrub.MambaScrubber` (both set by the factory).
+* **Erase.** ``erase_owner`` drops the unlocked nodes of an owner's namespaces (KV pages and state snapshots),
+  leaf by leaf through SGLang's own leaf eviction, which frees both.
+
+Not covered here (refused at start, the hybrid rows of :mod:`sglang_iso.coverage`): per-namespace quotas, the host
+tier and L3, shared prefixes, speculative decoding, PD, streaming sessions, and the extra-buffer state strategy.
+Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.radix_cache import RadixKey
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from sglang_iso.constants import BACKEND_NAME
+from sglang_iso.identity.tags import Namespace, NamespaceResolver
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+
+    from sglang_iso.integration.fairness import KvShares
+    from sglang_iso.integration.mamba_scrub import MambaScrubber
+    from sglang_iso.integration.owner_check import OwnerTable
+    from sglang_iso.integration.scrub import KvScrubber, SwaScrubber
+    from sglang_iso.integration.tenant_cache import TenantPolicy
+
+logger = logging.getLogger(__name__)
+
+Scope = tuple[str | None, str | None]
+"""What SGLang's tree keys a namespace by: ``(extra_key, cache_salt)``."""
+
+
+class TenantHybridCache(UnifiedRadixCache):
+    """SGLang's unified tree (full KV + Mamba state snapshots) under the tenant rules (see module doc)."""
+
+    sglang_iso_backend = BACKEND_NAME
+
+    # NOTE: set by :meth:`configure` right after SGLang's own constructor; the factory calls both.
+    resolver: NamespaceResolver
+    policies: dict[str, TenantPolicy]
+
+    def configure(self, resolver: NamespaceResolver, policies: dict[str, TenantPolicy]) -> TenantHybridCache:
+        """Attach the namespace rules (SGLang's factory hook builds the class with its own arguments only)."""
+        self.resolver = resolver
+        self.policies = dict(policies)
+        self._configured: dict[str, Namespace] = {}
+        self.scrubber: KvScrubber | SwaScrubber | None = None
+        self.mamba_scrubber: MambaScrubber | None = None
+        self.page_owners: OwnerTable | None = None
+        self.pd_guard: Any = None  # PD is refused with hybrid models; read by the runtime like the tenant cache's
+        self.host: Any = None  # no host tier (refused)
+        self.kv_shares: KvShares | None = None
+        self.erase_receipts: dict[str, dict[str, int]] = {}
+        self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "unverified": 0, "foreign_nodes": 0}
+        self.owner_counters: dict[str, dict[str, int]] = {}
+        return self
+
+    # ------------------------------------------------------------------------------------------ namespace rules
+
+    def namespace_of_request(self, extra_key: str | None, cache_salt: str | None) -> str | None:
+        """The namespace of a request with these fields (its verified tag), or None: it shares nothing."""
+        ns = self.resolver.resolve_namespace(extra_key, cache_salt)
+        if ns is None:
+            return None
+        self._configured.setdefault(ns.key, ns)
+        policy = self.policies.get(ns.tenant) if ns.tenant is not None else None
+        if policy is not None and policy.policy == "off":
+            return None
+        return ns.key
+
+    def namespace_of(self, key: str) -> Namespace | None:
+        """The namespace the resolver made for namespace ``key`` (None: not seen)."""
+        return self._configured.get(key)
+
+    def readable_shared(self, ns: str | None) -> list[str]:
+        return []  # shared prefixes are refused with hybrid models
+
+    def _row(self, owner: str) -> dict[str, int]:
+        return self.owner_counters.setdefault(owner, {"lookup_tokens": 0, "lookup_hit_tokens": 0})
+
+    # ------------------------------------------------------------------------------------------ SGLang hooks
+
+    def _match_tree(self, params: MatchPrefixParams) -> MatchResult:
+        """SGLang's walk, limited to the request's verified namespace and checked node by node up to the root."""
+        if self.disable:
+            return super()._match_tree(params)
+        key = params.key
+        ns = self.namespace_of_request(key.extra_key, key.cache_salt)
+        self.counters["lookups"] += 1
+        self.counters["lookup_tokens"] += len(key)
+        if ns is None:
+            self.counters["unverified"] += 1
+            # An empty key walks nothing; the finalizers still run (the Mamba component gives the request its
+            # own fresh slot, as on any miss).
+            params = replace(params, key=RadixKey([], key.extra_key, cache_salt=key.cache_salt))
+        result = self.tree_core.match_prefix(params)
+        self._apply_cache_actions(result.cache_actions)
+        if ns is not None:
+            foreign = self._foreign_node(result, (key.extra_key, key.cache_salt))
+            if foreign is not None:
+                self.counters["foreign_nodes"] += 1
+                logger.error(
+                    "sglang-iso: isolation violation: a match of namespace %s reached node %s of another "
+                    "namespace; served as a miss",
+                    ns,
+                    foreign,
+                )
+                result = self.tree_core.empty_match_result
+            row = self._row(self._configured[ns].owner)
+            row["lookup_tokens"] += len(key)
+            row["lookup_hit_tokens"] += int(result.device_prefix_len)
+            self.counters["hit_tokens"] += int(result.device_prefix_len)
+        return self._finalize_match_result(params, result)
+
+    def _foreign_node(self, result: MatchResult, scope: Scope) -> int | None:
+        """The id of a node on a matched path whose key is not under ``scope`` (None: every node is)."""
+        for node_id in {result.last_device_node, result.last_host_node, result.best_match_node}:
+            node = self.tree_core.node_by_id(node_id)
+            while node is not None and node.parent is not None:  # the root carries no key
+                node_key = node.key
+                if node_key is None or (node_key.extra_key, node_key.cache_salt) != scope:
+                    return int(node.id)
+                node = node.parent
+        return None
+
+    def checkpoint(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
+        """SGLang's insert, for requests of a verified namespace only; any other request keeps its own KV and
+        state, which its release frees (and the scrubbers zero)."""
+        if self.disable or self.namespace_of_request(req.extra_key, req.cache_salt) is not None:
+            super().checkpoint(req, up_to=up_to, **kwargs)
+            return
+        if req.finished():
+            for component in self._components_tuple:
+                component.cleanup_after_caching_req(req, is_finished=True)
+
+    def protected_size(self) -> int:
+        return super().protected_size() + self._reserved()
+
+    def full_protected_size(self) -> int:
+        return super().full_protected_size() + self._reserved()
+
+    def _reserved(self) -> int:
+        # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache, so SGLang's
+        # idle accounting (available + evictable + protected == total) still balances.
+        return self.page_owners.page_size if self.page_owners is not None else 0
+
+    # ------------------------------------------------------------------------------------------ sglang-iso API
+
+    def _nodes(self) -> Iterator[tuple[Any, Scope]]:
+        """Every node but the root with the scope of its root child, children before parents."""
+        stack: list[tuple[Any, Scope, bool]] = [
+            (child, (child.key.extra_key, child.key.cache_salt) if child.key is not None else (None, None), False)
+            for child in self.tree_core.root_node.children.values()
+        ]
+        while stack:
+            node, scope, expanded = stack.pop()
+            if expanded:
+                yield node, scope
+                continue
+            stack.append((node, scope, True))
+            stack.extend((child, scope, False) for child in node.children.values())
+
+    def _scopes(self) -> dict[Scope, Namespace | None]:
+        """The namespace of every scope rooted in the tree (None: one that does not verify; none is inserted)."""
+        return {
+            scope: self.resolver.resolve_namespace(*scope)
+            for scope in {(c.key.extra_key, c.key.cache_salt) for c in self.tree_core.root_node.children.values()}
+        }
+
+    def _drop(self, owns: Callable[[Namespace], bool]) -> tuple[int, int]:
+        """Evict every unlocked node of the namespaces ``owns`` accepts (KV and state); returns (tokens dropped,
+        tokens held by running requests)."""
+        chosen = {scope for scope, ns in self._scopes().items() if ns is not None and owns(ns)}
+        tracker = {component: 0 for component in self.tree_components}
+        is_leaf = self.tree_core._is_device_leaf
+        progress = True
+        while progress:  # a parent becomes a leaf once its children are gone
+            progress = False
+            for node, scope in list(self._nodes()):
+                if scope in chosen and is_leaf(node):
+                    self._evict_device_leaf(node.id, tracker)
+                    progress = True
+        held = sum(len(node.key) for node, scope in self._nodes() if scope in chosen and not node.evicted)
+        return int(tracker[self.tree_components[0]]), held
+
+    def erase_owner(self, owner: str, *, scrub_now: bool = True) -> dict[str, int]:
+        """Drop ``owner``'s cache (``"*"``: everyone's): KV pages and state snapshots of its unlocked nodes.
+
+        Nodes a running request holds stay until it ends (``device_tokens_held``); freed pages are zeroed now with
+        ``scrub_now`` (state slots at their next hand-out, as always).
+        """
+        dropped, held = self._drop(lambda ns: owner == "*" or ns.owner == owner)
+        scrubbed = self.scrubber.flush() if scrub_now and self.scrubber is not None else 0
+        return {
+            "device_tokens_dropped": dropped,
+            "device_pages_scrubbed": scrubbed,
+            "device_tokens_held": held,
+            "host_tokens_dropped": 0,
+            "l3_files_deleted": 0,
+            "pd_pages_fenced": 0,
+        }
+
+    def flush_owner(self, owner: str) -> int:
+        """Drop every unlocked entry of ``owner``'s namespaces (``"*"``: every namespace); returns tokens released."""
+        return self.erase_owner(owner, scrub_now=False)["device_tokens_dropped"]
+
+    def flush_adapter(self, lora_id: str) -> int:
+        """Drop every unlocked entry computed with adapter load ``lora_id`` (LoRA is not served with hybrid
+        models, so there is none); returns tokens released."""
+        return self._drop(lambda ns: ns.adapter == lora_id)[0]
+
+    def check_integrity(self) -> bool:
+        """Every node carries its root child's scope, and every rooted scope verifies; False (logged) otherwise."""
+        scopes = self._scopes()
+        for node, scope in self._nodes():
+            if node.key is None or (node.key.extra_key, node.key.cache_salt) != scope or scopes.get(scope) is None:
+                logger.error("sglang-iso: tree integrity check failed at node %s", node.id)
+                return False
+        return True
+
+    def iso_status(self) -> dict[str, Any]:
+        """A JSON-safe summary for /get_server_info and the startup check (the tenant tree's fields, plus the state
+        pool's and its scrubber's)."""
+        allocator = self.token_to_kv_pool_allocator
+        return {
+            "backend": BACKEND_NAME,
+            "impl": type(self).__name__,
+            "page_size": self.page_size,
+            "kv_pool": type(allocator.get_kvcache()).__name__,
+            "state_pool": type(getattr(self.req_to_token_pool, "mamba_pool", None)).__name__,
+            "disabled": self.disable,
+            "namespace_mode": self.resolver.mode,
+            "namespaces": len(self._configured),
+            "evictable_tokens": self.evictable_size(),
+            "protected_tokens": self.protected_size(),
+            "violations": self.counters["foreign_nodes"],
+            "rejected_tags": self.resolver.rejected_tags,
+            "untagged_lookups": self.resolver.untagged,
+            "kv_scrub": "off" if self.scrubber is None else "on-free",
+            "state_scrub": "off" if self.mamba_scrubber is None else "on-free",
+            "kv_owner_check": "off" if self.page_owners is None else "on",
+            "owner_violations": 0,
+            **({} if self.page_owners is None else self.page_owners.status()),
+            **({} if self.scrubber is None else self.scrubber.status()),
+            **({} if self.mamba_scrubber is None else self.mamba_scrubber.status()),
+            **{f"hybrid_{name}": value for name, value in self.counters.items()},
+        }
+
+    def tenant_stats(self) -> dict[str, dict[str, int | None]]:
+        """Per-owner rows for ``GET /iso/tenants``: resident tokens of its nodes, lookups and hits (tokens)."""
+        from sglang_iso.integration.cache_report import ROW_COUNTERS
+
+        rows: dict[str, dict[str, int | None]] = {}
+        scopes = self._scopes()
+        for node, scope in self._nodes():
+            ns = scopes.get(scope)
+            if ns is not None and not node.evicted:
+                row = rows.setdefault(ns.owner, dict.fromkeys(ROW_COUNTERS, 0))
+                row["resident_tokens"] = (row["resident_tokens"] or 0) + len(node.key)
+        for owner, counts in self.owner_counters.items():
+            row = rows.setdefault(owner, dict.fromkeys(ROW_COUNTERS, 0))
+            row.update(counts)
+        return rows
