@@ -17,9 +17,10 @@ the state itself); what these tests show is where state and KV are reused, not t
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from sglang_iso_testing.forge_tag import MARKER
 from sglang_iso_testing.forge_tag import __name__ as FORGE_PLUGIN
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv, request_json
+from sglang_iso_testing.spec_plant import FREE_STATE_ZERO
 from sglang_iso_testing.tenants import write_tenants_file as write_tenants
 from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS, write_tiny_qwen3_next
 
@@ -37,6 +39,7 @@ from .helpers import (
     assert_planted_slot_aborts,
     auth,
     generate_to_length,
+    internal_command,
     random_prompt,
     server_info,
     tree_state,
@@ -112,6 +115,74 @@ def test_a_tenants_continuation_hits_its_state_another_tenant_misses_with_the_sa
     assert tree["violations"] == 0 and tree["hybrid_hit_tokens"] >= cached
 
 
+def _trace(seed: int, steps: int) -> list[tuple[str, list[int]]]:
+    """A random multi-tenant conversation trace: (tenant, prompt ids) per request. Each step starts a conversation,
+    continues one of the tenant's own (its last prompt, the reply placeholder filled in at run time, new tokens),
+    re-sends the tenant's last prompt, or sends another tenant's last prompt as its own."""
+    rng = random.Random(seed)
+    tenants = ("acme", "globex")
+    last: dict[str, list[int]] = {}
+    out: list[tuple[str, list[int]]] = []
+    for _ in range(steps):
+        tenant = rng.choice(tenants)
+        other = next(t for t in tenants if t != tenant)
+        action = rng.choice(("new", "continue", "continue", "resend", "foreign")) if tenant in last else "new"
+        if action == "new":
+            prompt = random_prompt(rng.randrange(20, 48))
+        elif action == "continue":
+            prompt = [*last[tenant], REPLY, *(rng.randrange(300, 2000) for _ in range(rng.randrange(4, 12)))]
+        elif action == "resend" or other not in last:
+            prompt = list(last[tenant])
+        else:
+            prompt = list(last[other])
+        last[tenant] = prompt
+        out.append((tenant, prompt))
+    return out
+
+
+REPLY = -1
+"""Placeholder in a traced prompt for the reply to the prompt before it (the server's own output)."""
+
+
+def _run_trace(trace: list[tuple[str, list[int]]], send: Callable[[str, list[int]], dict]) -> list[tuple[int, list]]:
+    """(cached tokens, output ids) of each request, with each placeholder replaced by that server's last reply."""
+    results: list[tuple[int, list]] = []
+    replies: dict[tuple[int, ...], list[int]] = {}
+    for tenant, prompt in trace:
+        ids: list[int] = []
+        for token in prompt:
+            ids.extend(replies[tuple(ids)] if token == REPLY else [token])
+        out = send(tenant, ids)
+        replies[tuple(ids)] = list(out["output_ids"])
+        results.append((int(out["meta_info"]["cached_tokens"]), list(out["output_ids"])))
+    return results
+
+
+def test_differential_against_upstream_on_a_random_multi_tenant_trace(
+    server: ServerProcess, upstream: ServerProcess, keys: dict[str, str]
+) -> None:
+    """The same trace through upstream (each tenant's requests under its own ``extra_key``: SGLang's tree keeps
+    them apart) and through sglang-iso (each tenant's key): every request's cached tokens and output tokens equal.
+    Upstream's own tree is the oracle of where state snapshots exist and hit; the trace has hits in both servers
+    (control) and cross-tenant sends of the same tokens."""
+    trace = _trace(seed=7, steps=24)
+
+    def iso(tenant: str, ids: list[int]) -> dict:
+        return generate_to_length(server, keys[tenant], ids, NEW_TOKENS)
+
+    def plain(tenant: str, ids: list[int]) -> dict:
+        sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        status, out = request_json(
+            upstream.base_url + "/generate", {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
+        )
+        assert status == 200, out
+        return out
+
+    ours, theirs = _run_trace(trace, iso), _run_trace(trace, plain)
+    assert sum(1 for cached, _ in theirs if cached > 0) >= 3  # the trace reuses state in upstream
+    assert ours == theirs
+
+
 def _text_continuation_cached(srv: ServerProcess, key: str, text: str) -> int:
     """A text prompt, then its continuation (prompt + reply + more); the continuation's cached tokens."""
     body = {"text": text, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
@@ -140,9 +211,15 @@ def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
     assert_planted_slot_aborts(server, keys, 40, NEW_TOKENS)
 
 
-def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys: dict[str, str]) -> None:
+def test_after_pool_pressure_every_free_page_and_state_slot_is_zero(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    """KV pages (the helper) and recurrent-state slots: the check's self-test dirties one free slot of each state
+    tensor in turn and must find it, then no free slot may hold a non-zero value."""
+    assert internal_command(server, keys["admin"], FREE_STATE_ZERO + ":selftest")
     assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
     assert tree_state(server, keys["admin"])["state_scrubbed_slots"] > 0
+    assert internal_command(server, keys["admin"], FREE_STATE_ZERO)
 
 
 def test_an_erase_drops_the_tenants_nodes_and_keeps_the_others(server: ServerProcess, keys: dict[str, str]) -> None:

@@ -8,6 +8,7 @@ and a slot still held keeps its state. A pool with state ``clear_slots`` would n
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -128,11 +129,15 @@ def test_state_the_scrubber_would_miss_is_refused_by_name() -> None:
     )
 
 
-def test_hybrid_ssm_models_are_still_refused_at_start() -> None:
-    """The state slots are covered; namespaced state snapshots in the tree are not yet."""
-    features = coverage.Features(stage="scheduler", kv_pool_class="HybridLinearKVPool", hybrid_ssm=True)
-    refused = [r.feature for r in coverage.refusals(features)]
-    assert any("hybrid SSM" in feature for feature in refused), refused
+def test_hybrid_ssm_models_are_served_and_the_extra_buffer_strategy_is_refused() -> None:
+    """The state slots are covered with the no-buffer strategy; the extra buffer's track slots are not."""
+    features = coverage.Features(stage="scheduler", kv_pool_class="HybridLinearKVPool", hybrid_ssm=True,
+                                 mamba_strategy="no_buffer")  # fmt: skip
+    assert coverage.refusals(features) == []
+    refused = coverage.refusals(replace(features, mamba_strategy="extra_buffer"))
+    assert [r.feature for r in refused] == [
+        "hybrid SSM/Mamba models with `--mamba-radix-cache-strategy` other than `no_buffer`"
+    ]
 
 
 def test_the_fused_kernels_address_table_is_not_state() -> None:

@@ -21,12 +21,13 @@ class FuzzRun(NamedTuple):
 
 def fuzz_on(
     server: ServerProcess, tenants: list[Tenant], admin: str, *, seed: int, ops: int, max_seconds: float,
-    start_timeout_s: float = 300.0,
+    start_timeout_s: float = 300.0, conversations: bool = False,
 ) -> FuzzRun:  # fmt: skip
     """Start ``server``, fuzz it, read its final checks and status; the server is always stopped."""
     try:
         server.start(timeout_s=start_timeout_s)
-        fuzzer = LeakFuzzer(server, tenants, admin, shared_prefix_ids(tiny_model_path()), seed)
+        fuzzer = LeakFuzzer(server, tenants, admin, shared_prefix_ids(tiny_model_path()), seed,
+                            conversations=conversations)  # fmt: skip
         report = fuzzer.run(ops=ops, max_seconds=max_seconds)
         problems = fuzzer.final_checks()
         info_status, info = server.get_with("/get_server_info", fuzzer.auth(admin))

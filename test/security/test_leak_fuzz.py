@@ -8,6 +8,8 @@ import pytest
 
 from sglang_iso_testing.leak_fuzzer import server_flags, write_tenants
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
+from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS as QWEN3_NEXT_FLAGS
+from sglang_iso_testing.tiny_qwen3_next import write_tiny_qwen3_next
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, write_tiny_swa
 
 from ..e2e.conftest import start_iso_server
@@ -45,3 +47,18 @@ def test_fuzzed_workload_on_a_sliding_window_hybrid_leaks_nothing(tmp_path: Path
     run = fuzz_on(server, tenants, admin, seed=3, ops=80, max_seconds=200)
     assert_clean_run(run.report, run.problems, min_requests=40)
     assert run.tree["kv_pool"] == "MHATokenToKVPool" and run.tree["owner_violations"] == 0, run.tree
+
+
+def test_fuzzed_workload_on_a_hybrid_linear_attention_model_leaks_nothing(tmp_path: Path) -> None:
+    """The same workload (without adapters, quotas or shared prefixes, which such a server refuses) on a tiny
+    Qwen3-Next: GDN layers with recurrent state snapshots on the hybrid tree. Reuses continue whole exchanges (prompt
+    and reply), where the state is cached."""
+    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, limits=False)
+    model = write_tiny_qwen3_next(tmp_path / "tiny-qwen3-next")
+    flags = [f for f in QWEN3_NEXT_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer")]  # the launcher's
+    server = start_iso_server(*server_flags(tenants_file, lora=False), *flags, model=model,
+                              env={"TRITON_INTERPRET": "1"})  # fmt: skip
+    run = fuzz_on(server, tenants, admin, seed=4, ops=80, max_seconds=240, conversations=True)
+    assert_clean_run(run.report, run.problems, min_requests=40)
+    assert run.tree["impl"] == "TenantHybridCache" and run.tree["owner_violations"] == 0, run.tree
+    assert run.tree["state_scrubbed_slots"] > 0, run.tree

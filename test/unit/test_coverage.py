@@ -26,8 +26,8 @@ def test_readme_lists_exactly_the_model_families() -> None:
     found = re.search(r"<!-- family-table -->\n(.*?)\n<!-- /family-table -->", README.read_text(), re.S)
     assert found is not None, "README has no model-family table block"
     assert found.group(1) == coverage.families_markdown()
-    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"SWAKVPool", "HybridLinearKVPool"}
-    assert "DSATokenToKVPool" in coverage.COVERED_POOLS
+    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"SWAKVPool"}
+    assert {"DSATokenToKVPool", "HybridLinearKVPool"} <= coverage.COVERED_POOLS
 
 
 @pytest.mark.parametrize("pool", sorted(coverage.COVERED_POOLS))
@@ -104,6 +104,9 @@ def _probes(stage: Stage) -> list[Features]:
         "device": "cpu",
         "kv_pool_class": "DSATokenToKVPoolV2",
         "unscrubbed_tensors": frozenset({"DSATokenToKVPoolV2.index_key_cache"}),
+        "hybrid_ssm_flags": frozenset(coverage.HYBRID_SSM_FLAGS),
+        "mamba_strategy": "extra_buffer",
+        "tenant_limits": frozenset(coverage.TENANT_LIMIT_FIELDS),
     }
     bypass = {"bypass_flags": frozenset(coverage.BYPASS_FLAGS), "bypass_env": frozenset(coverage.BYPASS_ENV)}
     return [
@@ -159,14 +162,40 @@ def test_a_speculative_enum_reads_as_its_name() -> None:
     ],
 )
 def test_the_launcher_reads_recurrent_state_from_the_model_config(config: dict, ssm: bool) -> None:
-    """A hybrid linear-attention model is refused by name before SGLang starts, on any device."""
+    """A hybrid linear-attention model is served, and refused by name before SGLang starts with a flag the hybrid
+    tree does not cover (the same flag with a dense model is not refused by these rows), on any device."""
+    argv = ["--enable-streaming-session", "--mamba-radix-cache-strategy", "extra_buffer"]
     for cuda in (True, False):
-        features = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config,
-                                      cuda_available=cuda)  # fmt: skip
-        assert features.hybrid_ssm is ssm
-        assert [r.feature for r in refusals(features)] == (
-            ["hybrid SSM/Mamba models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)"] if ssm else []
+        plain = Features.from_argv([], {}, kv_owner_check=True, tenants_file=True, model_config=config,
+                                   cuda_available=cuda)  # fmt: skip
+        assert plain.hybrid_ssm is ssm
+        assert refusals(plain) == []
+        flagged = Features.from_argv(argv, {}, kv_owner_check=True, tenants_file=True, model_config=config,
+                                     cuda_available=cuda)  # fmt: skip
+        assert [r.feature for r in refusals(flagged)] == (
+            [
+                "hybrid SSM/Mamba models with `--enable-streaming-session`",
+                "hybrid SSM/Mamba models with `--mamba-radix-cache-strategy` other than `no_buffer`",
+            ]
+            if ssm
+            else []
         )
+
+
+def test_the_scheduler_reads_hybrid_flags_from_server_args_and_limits_from_the_tenants_file() -> None:
+    args = SimpleNamespace(
+        disaggregation_mode="null", enable_lora=False, enable_hierarchical_cache=True,
+        mamba_radix_cache_strategy="no_buffer",
+    )  # fmt: skip
+    f = Features.from_server_args(args, kv_owner_check=True, tenants_file=True, hybrid_ssm=True,
+                                  tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+    assert f.hybrid_ssm_flags == frozenset({"--enable-hierarchical-cache"})  # "null" and False are off
+    message = coverage.explain(refusals(f))
+    assert "--enable-hierarchical-cache with hybrid SSM/Mamba models" in message
+    assert "tenants-file quota_tokens with hybrid SSM/Mamba models" in message
+    dense = Features.from_server_args(args, kv_owner_check=True, tenants_file=True,
+                                      tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+    assert refusals(dense) == []  # control: the dense tree enforces them
 
 
 SINKS = "models with attention sinks (gpt-oss) on the torch_native attention backend"

@@ -71,8 +71,9 @@ class FuzzReport:
     errors: list[str] = field(default_factory=list)
 
 
-def write_tenants(directory: Path, *, lora: bool = True) -> tuple[Path, list[Tenant], str]:
-    """The fuzzer's tenants file (and, with ``lora``, its adapters for the bundled model) in ``directory``."""
+def write_tenants(directory: Path, *, lora: bool = True, limits: bool = True) -> tuple[Path, list[Tenant], str]:
+    """The fuzzer's tenants file (and, with ``lora``, its adapters for the bundled model) in ``directory``; without
+    ``limits`` it has no quota and no shared prefix (what a hybrid linear-attention server refuses)."""
     rng = random.Random(7)
     plan = [
         ("t1", "private"),
@@ -87,20 +88,21 @@ def write_tenants(directory: Path, *, lora: bool = True) -> tuple[Path, list[Ten
     for tid, cache in plan:
         canary = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(3)]
         owner = cache.split(":", 1)[1] if cache.startswith("group:") else tid
-        reads_shared = tid in ("t1", "t2", "g1a", "g1b")
+        reads_shared = limits and tid in ("t1", "t2", "g1a", "g1b")
         adapters = ADAPTERS.get(tid, ()) if lora else ()
         tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, reads_shared, adapters))
     (directory / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(admin)}"]']
     for t in tenants:
         lines += ["[[tenants]]", f'id = "{t.id}"', f'key_sha256 = ["{key_sha256(t.key)}"]', f'cache = "{t.cache}"']
-        if t.id == "t2":
+        if t.id == "t2" and limits:
             lines.append("quota_tokens = 900")
         lines.append("adapters = [" + ", ".join(f'"{a}"' for a in t.adapters) + "]")
     for name, seed in ADAPTER_SEEDS.items() if lora else ():
         write_tiny_adapter(directory / "adapters" / name, seed=seed)
     readers = ", ".join(f'"{t.id}"' for t in tenants if t.reads_shared)
-    lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', f"tenants = [{readers}]"]
+    if limits:
+        lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', f"tenants = [{readers}]"]
     path = directory / "tenants.toml"
     path.write_text("\n".join(lines) + "\n")
     return path, tenants, admin
@@ -120,8 +122,15 @@ def server_flags(tenants_file: Path, *, lora: bool = True) -> tuple[str, ...]:
 
 
 class LeakFuzzer:
-    def __init__(self, server: ServerProcess, tenants: list[Tenant], admin: str, shared_ids: list[int], seed: int):
+    def __init__(
+        self, server: ServerProcess, tenants: list[Tenant], admin: str, shared_ids: list[int], seed: int,
+        *, conversations: bool = False,
+    ) -> None:  # fmt: skip
+        """With ``conversations``, a served request's prompt and reply count as the owner's (its own tokens), and
+        half the reuses continue a whole earlier exchange: what a model that caches state only at the end of an
+        exchange (hybrid linear attention) can hit."""
         self.server = server
+        self.conversations = conversations
         self.tenants = tenants
         self.admin = admin
         self.shared_ids = shared_ids
@@ -175,7 +184,8 @@ class LeakFuzzer:
         own = self.bucket(t, adapter)
         if r < 0.35 and own:
             base = self.rng.choice(own)
-            cut = self.rng.randrange(1, len(base) + 1)
+            whole = self.conversations and self.rng.random() < 0.5
+            cut = len(base) if whole else self.rng.randrange(1, len(base) + 1)
             return base[:cut] + self.tokens(self.rng.randrange(1, 40))
         others = [p for (owner, a), ps in self.sent.items() if owner == t.owner and a != adapter for p in ps]
         if r < 0.45 and others:
@@ -210,6 +220,8 @@ class LeakFuzzer:
             body["lora_path"] = adapter
         status, out = self.server.post("/generate", body, headers=self.auth(t.key), timeout_s=300)
         self.check_answer(t, status, out, allowed, adapter)
+        if self.conversations and status == 200 and isinstance(out, dict):
+            self.bucket(t, adapter).append(ids + list(out.get("output_ids") or []))
 
     def use_foreign_adapter(self, t: Tenant) -> None:
         """Name an adapter the tenant may not use: must be a 403, never served."""

@@ -25,7 +25,12 @@ logger = logging.getLogger(__name__)
 
 ZERO_DRAFT = "sglang_iso_testing.zero_draft:"
 FREE_PAGES_ZERO = "sglang_iso_testing.free_pages_zero"
-COUNTERS: dict[str, int] = {"draft_kv_reused_tokens": 0, "free_pages_holding_data": 0}
+FREE_STATE_ZERO = "sglang_iso_testing.free_state_zero"
+COUNTERS: dict[str, int] = {
+    "draft_kv_reused_tokens": 0,
+    "free_pages_holding_data": 0,
+    "free_state_slots_holding_data": 0,
+}
 
 _WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 
@@ -58,7 +63,7 @@ def before_spec_step(worker: Any, batch: Any, *args: Any, **kwargs: Any) -> None
 def commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ``set_internal_state``: the draft-pool test commands (nothing else may be in the same request)."""
     requested = getattr(recv_req, "server_args", None) or {}
-    ours = [k for k in requested if isinstance(k, str) and k.startswith((ZERO_DRAFT, FREE_PAGES_ZERO))]
+    ours = [k for k in requested if isinstance(k, str) and k.startswith((ZERO_DRAFT, FREE_PAGES_ZERO, FREE_STATE_ZERO))]
     if not ours:
         return original(controller, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
@@ -74,7 +79,8 @@ def commands(original: Any, controller: Any, recv_req: Any, *args: Any, **kwargs
             ok = ok and _zero_draft_pages_of(table, key[len(ZERO_DRAFT) :]) > 0
         else:
             selftest = key.endswith(":selftest")
-            found = _free_pages_holding_data(table, selftest=selftest)
+            check = _free_state_holding_data if key.startswith(FREE_STATE_ZERO) else _free_pages_holding_data
+            found = check(table, selftest=selftest)
             ok = ok and (found > 0 if selftest else found == 0)
     return SetInternalStateReqOutput(updated=ok)
 
@@ -110,6 +116,43 @@ def _owner_slots(table: Any) -> list[int]:
     import torch
 
     return [int(s) for s in torch.unique(table.page_owner).tolist() if s >= 0 and table.namespace_of(int(s))]
+
+
+def _free_state_holding_data(table: Any, *, selftest: bool) -> int:
+    """After zeroing every pending freed state slot, count free recurrent-state slots with a non-zero value in any
+    state tensor (every layer's convolution windows and temporal state); -1 without a state pool."""
+    import torch
+
+    cache = table.cache
+    pool = cache.req_to_token_pool
+    if getattr(pool, "mamba_pool", None) is None:
+        return -1
+    scrubber = getattr(cache, "mamba_scrubber", None)
+    if scrubber is not None:
+        scrubber.flush()
+    free = pool.mamba_allocator.free_slots.to(torch.int64)
+    state = pool.mamba_pool.mamba_cache
+    tensors = [*state.conv, state.temporal]  # each [layers, slots + 1, ...]
+    if free.numel() == 0:
+        return 0
+
+    def count() -> int:
+        dirty = torch.zeros(free.numel(), dtype=torch.bool, device=free.device)
+        for start in range(0, free.numel(), 256):  # NOTE: in chunks: the state pool can be gigabytes
+            chunk = free[start : start + 256]
+            for t in tensors:
+                dirty[start : start + 256] |= t[:, chunk].ne(0).flatten(2).any(dim=2).any(dim=0)
+        return int(dirty.sum())
+
+    if not selftest:
+        COUNTERS["free_state_slots_holding_data"] = count()
+        return COUNTERS["free_state_slots_holding_data"]
+    found = []
+    for t in tensors:  # each state tensor on its own: one dirtied slot of it must be found
+        t[:, free[0]] = 1
+        found.append(count())
+        t[:, free[0]] = 0
+    return min(found)
 
 
 def _free_pages_holding_data(table: Any, *, selftest: bool) -> int:

@@ -4,7 +4,8 @@ test time without weights: served with ``--load-format dummy``, which is enough 
 Two GDN layers and two full-attention layers (``full_attention_interval`` 2), 4 experts with 2 per token and a
 shared expert; the tokenizer is the bundled tiny model's. SGLang keeps each request's recurrent state in a
 ``MambaPool``; on CPU its state cache needs ``--mamba-radix-cache-strategy no_buffer`` and
-``--disable-overlap-schedule`` (:data:`SERVE_FLAGS`), and the MoE shared-expert gate is a Triton kernel, so the
+``--disable-overlap-schedule`` (:data:`SERVE_FLAGS`, with a state pool of 128 slots: sized from memory on
+CPU, SGLang's default holds gigabytes), and the MoE shared-expert gate is a Triton kernel, so the
 server runs with ``TRITON_INTERPRET=1``.
 """
 
@@ -17,7 +18,7 @@ from sglang_iso_testing.seeded_model import write_model_dir
 
 SERVE_FLAGS = (
     "--load-format", "dummy", "--dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
-    "--disable-overlap-schedule",
+    "--disable-overlap-schedule", "--max-mamba-cache-size", "128",
 )  # fmt: skip
 
 

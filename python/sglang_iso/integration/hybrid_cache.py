@@ -8,8 +8,9 @@ tenant rules on top, so the state machinery stays SGLang's own:
 
 * **Namespaces.** SGLang's tree keys every child by ``(extra_key, cache_salt)`` besides its tokens, so each
   ``extra_key`` roots its own subtree. The front end writes a MAC'd namespace tag into ``extra_key``; here it must
-  verify (:class:`~sglang_iso.identity.tags.NamespaceResolver`), or the request neither matches nor inserts: a
-  request without a verified tag shares nothing, like one whose tenant has ``cache_policy = "off"``.
+  verify (:class:`~sglang_iso.identity.tags.NamespaceResolver`), or the key neither matches nor inserts (at
+  ``match_prefix``, ``insert`` and ``checkpoint``): a request without a verified tag shares nothing, like one whose
+  tenant has ``cache_policy = "off"``.
 * **Ownership tag checked on every match.** Every node carries the key it was inserted under; after the walk, each
   node from the matched one up to the root must carry the request's own ``(extra_key, cache_salt)``, else the match
   becomes a miss before any state or KV of it is handed out (counted, logged: fail closed).
@@ -30,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, InsertResult, MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -115,19 +116,24 @@ class TenantHybridCache(UnifiedRadixCache):
             # An empty key walks nothing; the finalizers still run (the Mamba component gives the request its
             # own fresh slot, as on any miss).
             params = replace(params, key=RadixKey([], key.extra_key, cache_salt=key.cache_salt))
-        result = self.tree_core.match_prefix(params)
-        self._apply_cache_actions(result.cache_actions)
+        try:
+            result = self.tree_core.match_prefix(params)
+        except ValueError as exc:  # SGLang's walk met a node keyed for another namespace (a corrupted child table)
+            result, foreign = self.tree_core.empty_match_result, str(exc)
+        else:
+            self._apply_cache_actions(result.cache_actions)
+            found = self._foreign_node(result, (key.extra_key, key.cache_salt)) if ns is not None else None
+            foreign = None if found is None else f"node {found}"
+        if foreign is not None:
+            self.counters["foreign_nodes"] += 1
+            logger.error(
+                "sglang-iso: isolation violation: a match of namespace %s reached another namespace (%s); "
+                "served as a miss",
+                ns,
+                foreign,
+            )
+            result = self.tree_core.empty_match_result
         if ns is not None:
-            foreign = self._foreign_node(result, (key.extra_key, key.cache_salt))
-            if foreign is not None:
-                self.counters["foreign_nodes"] += 1
-                logger.error(
-                    "sglang-iso: isolation violation: a match of namespace %s reached node %s of another "
-                    "namespace; served as a miss",
-                    ns,
-                    foreign,
-                )
-                result = self.tree_core.empty_match_result
             row = self._row(self._configured[ns].owner)
             row["lookup_tokens"] += len(key)
             row["lookup_hit_tokens"] += int(result.device_prefix_len)
@@ -144,6 +150,14 @@ class TenantHybridCache(UnifiedRadixCache):
                     return int(node.id)
                 node = node.parent
         return None
+
+    def insert(self, params: InsertParams) -> InsertResult:
+        """SGLang's insert, for keys of a verified namespace only: any other key stores nothing (the caller keeps
+        its KV and state)."""
+        key = params.key
+        if self.disable or (key is not None and self.namespace_of_request(key.extra_key, key.cache_salt) is not None):
+            return super().insert(params)
+        return InsertResult(prefix_len=0)
 
     def checkpoint(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's insert, for requests of a verified namespace only; any other request keeps its own KV and
@@ -269,7 +283,8 @@ class TenantHybridCache(UnifiedRadixCache):
         }
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:
-        """Per-owner rows for ``GET /iso/tenants``: resident tokens of its nodes, lookups and hits (tokens)."""
+        """Per-owner rows for ``GET /iso/tenants``: resident tokens of its nodes (evictable, or protected by a running
+        request's lock), lookups and hits (tokens)."""
         from sglang_iso.integration.cache_report import ROW_COUNTERS
 
         rows: dict[str, dict[str, int | None]] = {}
@@ -278,7 +293,10 @@ class TenantHybridCache(UnifiedRadixCache):
             ns = scopes.get(scope)
             if ns is not None and not node.evicted:
                 row = rows.setdefault(ns.owner, dict.fromkeys(ROW_COUNTERS, 0))
-                row["resident_tokens"] = (row["resident_tokens"] or 0) + len(node.key)
+                locked = any(data.lock_ref > 0 for data in node.component_data)
+                field = "protected_tokens" if locked else "evictable_tokens"
+                for name in ("resident_tokens", field):
+                    row[name] = (row[name] or 0) + len(node.key)
         for owner, counts in self.owner_counters.items():
             row = rows.setdefault(owner, dict.fromkeys(ROW_COUNTERS, 0))
             row.update(counts)

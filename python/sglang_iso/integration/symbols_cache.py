@@ -6,6 +6,7 @@ Plain ``(path, params, use)`` triples so this module imports nothing of ours.
 from __future__ import annotations
 
 _BPC = "sglang.srt.mem_cache.base_prefix_cache"
+_URC = "sglang.srt.mem_cache.unified_radix_cache"
 
 CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
@@ -127,6 +128,66 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "sglang.srt.mem_cache.memory_pool:MambaPool.clear_slots",
         ("self", "indices"),
         "zeroes a slot's convolution, temporal and registered side states",
+    ),
+    (
+        "sglang.srt.mem_cache.registry:create_unified_radix_cache",
+        ("ctx", "cache_class"),
+        "builds the hybrid tenant cache (SGLang's unified tree with the model's components) as our subclass",
+    ),
+    (
+        "sglang.srt.mem_cache.cache_init_params:CacheInitParams",
+        ("tree_core_backend", "tree_components"),
+        "the hybrid tenant cache runs on the Python tree core (its nodes are walked by the namespace check)",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache._match_tree",
+        ("self", "params"),
+        "overridden: the walk, then the namespace check before the components' finalizers",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache._finalize_match_result",
+        ("self", "params", "result"),
+        "the components' match finalizers (the Mamba component's copy-on-write source) after the namespace check",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache._apply_cache_actions",
+        ("self", "actions"),
+        "applies the walk's actions (a split) as SGLang's own _match_tree does",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache.checkpoint",
+        ("self", "req", "up_to"),
+        "overridden: only requests of a verified namespace insert",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache._evict_device_leaf",
+        ("self", "node_id", "tracker"),
+        "an erase evicts the owner's leaves one by one (KV and state freed by SGLang's own path)",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache.full_protected_size",
+        ("self",),
+        "overridden: the owner check's zero page counts as protected in SGLang's idle accounting",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.node_by_id",
+        ("self", "node_id"),
+        "the namespace check walks a match's nodes up to the root",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_device_leaf",
+        ("self", "node"),
+        "an erase evicts only unlocked device leaves",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.__init__",
+        ("self", "tree_components", "priority"),
+        "nodes carry children, parent and the key (its extra_key and cache_salt are the namespace tag)",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.cleanup_after_caching_req",
+        ("self", "req", "is_finished"),
+        "a request outside any namespace releases its component state as SGLang's disabled tree does",
     ),
     (f"{_BPC}:EvictParams", ("num_tokens",), "evict argument"),
     (f"{_BPC}:EvictResult", ("num_tokens_evicted",), "evict result"),
