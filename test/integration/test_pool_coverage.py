@@ -34,7 +34,24 @@ def _mla(cls: type) -> Any:
     return cls(SIZE, 1, torch.float32, 64, 16, LAYERS, "cpu", False)
 
 
+def _linear_hybrid(cls: type) -> Any:
+    """Attention layers 0 and 1 in an MHA pool beside a (tiny) recurrent-state pool, as a GDN hybrid's."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    shape = Mamba2StateShape.create(
+        tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=4, head_dim=8, state_size=4, conv_kernel=4
+    )
+    rows = memory_pool.HybridReqToTokenPool(
+        size=4, mamba_size=4, mamba_spec_state_size=4, max_context_len=SIZE, device="cpu", enable_memory_saver=False,
+        cache_params=Mamba2CacheParams(shape=shape, layers=[2]), mamba_layer_ids=[2],
+        enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+    )  # fmt: skip
+    return cls(size=SIZE, dtype=torch.float32, page_size=1, head_num=2, head_dim=32,
+               full_attention_layer_ids=list(range(LAYERS)), device="cpu", mamba_pool=rows.mamba_pool)  # fmt: skip
+
+
 BUILDERS: dict[str, Callable[[type], Any]] = {
+    "HybridLinearKVPool": _linear_hybrid,
     "MHATokenToKVPool": _mha,
     "MHATokenToKVPoolFP4": _mha,
     "MHATokenToKVPoolMXFP8": _mha,

@@ -116,6 +116,7 @@ class TenantHybridCache(UnifiedRadixCache):
             # An empty key walks nothing; the finalizers still run (the Mamba component gives the request its
             # own fresh slot, as on any miss).
             params = replace(params, key=RadixKey([], key.extra_key, cache_salt=key.cache_salt))
+        foreign: str | None
         try:
             result = self.tree_core.match_prefix(params)
         except ValueError as exc:  # SGLang's walk met a node keyed for another namespace (a corrupted child table)

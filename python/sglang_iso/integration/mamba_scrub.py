@@ -18,9 +18,8 @@ so every slot on the free list is zero or pending, and none is handed out pendin
 ``clear_slots`` does not zero (ReplaySSM rings, speculative intermediates, an int8 checkpoint pool, a side state
 that is not registered on the pool) is refused at construction, naming the tensor.
 
-Not yet reachable from serving: the coverage table refuses hybrid SSM models at start until the tenant tree keeps
-namespaced state snapshots (see :mod:`sglang_iso.coverage`). Scheduler thread only.
-"""
+Installed by the tenant cache factory for hybrid linear-attention models, beside the KV scrubber (their tree is
+:class:`~sglang_iso.integration.hybrid_cache.TenantHybridCache`). Scheduler thread only.
 
 from __future__ import annotations
 

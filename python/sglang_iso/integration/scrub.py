@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sglang_iso import coverage
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
@@ -278,14 +279,6 @@ def unscrubbed_tensors(kvcache: Any) -> frozenset[str]:
     pool, :func:`uncovered_tensors` for any other."""
     if hasattr(kvcache, "full_kv_pool") and hasattr(kvcache, "swa_kv_pool"):
         return uncovered_swa_tensors(kvcache)
-    if _is_linear_hybrid(kvcache):
-        name = type(kvcache).__name__
-        extra = frozenset(
-            f"{name}.{attr}"
-            for attr, value in vars(kvcache).items()
-            if attr not in _LINEAR_HYBRID_PARTS and _holds_tensor(value, nested=True)
-        )
-        return extra | uncovered_tensors(kvcache.full_kv_pool)
     return uncovered_tensors(kvcache)
 
 
@@ -353,8 +346,20 @@ def uncovered_tensors(kvcache: Any) -> frozenset[str]:
 
     Everything but the buffers :func:`kv_buffers` returns and their address tables counts, in the pool and
     one level into SGLang objects it holds (an index-key cache, a compress tail), so a pool that gains a
-    tensor in a new SGLang version is refused at start instead of keeping tenant data past a free.
+    tensor in a new SGLang version is refused at start instead of keeping tenant data past a free. A linear-attention
+    hybrid pool counts its attention part's (of a served pool class) and anything beside its two parts.
     """
+    if _is_linear_hybrid(kvcache):
+        name = type(kvcache).__name__
+        extra = frozenset(
+            f"{name}.{attr}"
+            for attr, value in vars(kvcache).items()
+            if attr not in _LINEAR_HYBRID_PARTS and _holds_tensor(value, nested=True)
+        )
+        inner = type(kvcache.full_kv_pool).__name__
+        if inner not in coverage.COVERED_POOLS:  # an attention part outside the served pool classes
+            extra |= {f"{name}.full_kv_pool ({inner})"}
+        return extra | uncovered_tensors(kvcache.full_kv_pool)
     name = type(kvcache).__name__
     covered = {*_BUFFER_ATTRS, *_METADATA_ATTRS, *_covered_page_caches(kvcache), *_covered_request_attrs(kvcache)}
     return frozenset(
