@@ -5,7 +5,8 @@
 #
 # Steps (each bounded by its own timeout and by the overall budget, BUDGET_S, default 470 s):
 #   env        GPU, driver, python, torch, triton versions (fails when CUDA is not available)
-#   install    the CUDA package set (requirements/cuda.txt, pinned): skipped when sglang already imports; from WHEELS
+#   install    the CUDA package set (requirements/cuda.txt, pinned): skipped when sglang already imports or with
+#              GPU_CHECK_INSTALL=0 (no package index: the kernel and benchmark steps still run); from WHEELS
 #              (a folder of wheels, offline) when set; else pip with the package index
 #   kernels    pytest test/kernels on the GPU: scrub kernel (slot pages and DSA index-key page rows), the
 #              batched row check
@@ -97,15 +98,17 @@ elif [ -n "${WHEELS:-}" ]; then
   export PYTHONPATH="$PYTHONPATH:$SITE"
 elif [ "$SMOKE" = 1 ]; then
   skip install "CPU smoke run"
+elif [ "${GPU_CHECK_INSTALL:-1}" = 0 ]; then
+  skip install "GPU_CHECK_INSTALL=0 (a machine without a package index: kernel-level checks only)"
 else
   step install 180 "$PYTHON" -m pip install -q -r requirements/cuda.txt
 fi
 
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -m gpu)
-# Every kernel test runs on the GPU (its tensors live on CUDA there, Triton compiled); the speculative-op
-# stand-ins are compared with SGLang's own Triton kernels, so they need sglang.
+# Every kernel test runs on the GPU (its tensors live on CUDA there, Triton compiled); the speculative-op and
+# linear-attention stand-ins are compared with SGLang's own Triton kernels, so they need sglang.
 KERNEL_TESTS=(test/kernels)
-have_sglang || KERNEL_TESTS+=(--ignore=test/kernels/test_spec_cpu.py)
+have_sglang || KERNEL_TESTS+=(--ignore=test/kernels/test_spec_cpu.py --ignore=test/kernels/test_linear_attn_cpu.py)
 step kernels 150 "$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= "${KERNEL_TESTS[@]}" -rs
 
 if [ "$SMOKE" = 1 ]; then
