@@ -20,6 +20,7 @@ that is not registered on the pool) is refused at construction, naming the tenso
 
 Installed by the tenant cache factory for hybrid linear-attention models, beside the KV scrubber (their tree is
 :class:`~sglang_iso.integration.hybrid_cache.TenantHybridCache`). Scheduler thread only.
+"""
 
 from __future__ import annotations
 
