@@ -28,6 +28,7 @@ import pytest
 from sglang_iso import envvars
 from sglang_iso_testing.forge_tag import MARKER
 from sglang_iso_testing.forge_tag import __name__ as FORGE_PLUGIN
+from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv, request_json
 from sglang_iso_testing.spec_plant import FREE_STATE_ZERO
@@ -40,6 +41,7 @@ from .helpers import (
     auth,
     generate_to_length,
     internal_command,
+    post_ids,
     random_prompt,
     server_info,
     tree_state,
@@ -209,6 +211,26 @@ def test_a_planted_foreign_slot_is_redirected_and_the_request_aborted(
     server: ServerProcess, keys: dict[str, str]
 ) -> None:
     assert_planted_slot_aborts(server, keys, 40, NEW_TOKENS)
+
+
+def test_a_planted_foreign_state_snapshot_is_redirected_and_the_request_aborted(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    """globex leaves a state snapshot in the tree; acme's next forward is pointed at it (the plug-in, behind the
+    tree): the state check sends the row to the zero state slot, the request is aborted and counted; acme's next
+    request is served (control) and globex's conversation still hits its snapshot."""
+    globex_follow, _ = _conversation(server, keys["globex"], random_prompt(40))
+    before = tree_state(server, keys["admin"])["owner_state_violations"]
+    assert internal_command(server, keys["admin"], PLANT + "state:acme")
+    status, out = post_ids(server, keys["acme"], random_prompt(12), NEW_TOKENS)
+    aborted = status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert (aborted or 400 <= status < 500) and "isolation violation" in str(out), (status, out)
+    assert tree_state(server, keys["admin"])["owner_state_violations"] == before + 1
+    plugin = server_info(server, keys["admin"])["internal_states"][0]["sglang_iso_testing"]
+    assert plugin["planted_state_redirected"] >= 1
+    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)  # served normally afterwards
+    again = generate_to_length(server, keys["globex"], globex_follow, NEW_TOKENS)
+    assert again["meta_info"]["cached_tokens"] >= 40
 
 
 def test_after_pool_pressure_every_free_page_and_state_slot_is_zero(

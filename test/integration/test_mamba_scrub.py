@@ -146,3 +146,38 @@ def test_the_fused_kernels_address_table_is_not_state() -> None:
     pool = _pool()
     pool.mamba_pool.__dict__["_conv_slot_desc"] = (torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64))
     assert uncovered_state_tensors(pool) == frozenset()
+
+
+def _req() -> Any:
+    kv = SimpleNamespace(req_pool_idx=None, holds_kv=False, kv_allocated_len=0, holds_mamba=False, mamba_pool_idx=None,
+                         mamba_needs_clear=False, mamba_ping_pong_track_buffer=None)  # fmt: skip
+    return SimpleNamespace(kv=kv)
+
+
+def test_a_row_pointed_at_a_state_slot_it_does_not_hold_is_sent_to_the_zero_slot() -> None:
+    """Rows adopt the slots SGLang gives their requests; a row pointed at another row's slot, or at a slot no row
+    holds (a tree snapshot), is redirected to the zero slot and reported; rows on their own slots are left alone."""
+    from sglang_iso.integration.state_owner import StateOwners
+
+    pool = _pool()
+    owners = StateOwners(pool)
+    zero = owners.zero_slot
+    assert _zero(pool, [zero])
+    reqs = [_req(), _req(), _req()]
+    rows = pool.alloc(reqs)
+    owners.adopt(rows)
+    mapping = pool.req_index_to_mamba_index_mapping
+    own = [int(mapping[r]) for r in rows]
+    batch = torch.tensor(rows)
+    assert owners.check(batch) == []  # control: every row on its own slot
+    snapshot = _slot(pool)  # a slot no row holds, as a tree node's snapshot
+    mapping[rows[0]] = own[1]  # another request's state
+    mapping[rows[2]] = snapshot
+    assert owners.check(batch) == [rows[0], rows[2]]
+    assert [int(mapping[r]) for r in rows] == [zero, own[1], zero]
+    assert owners.violations == 2
+    owners.release(rows[:1])  # the refused row lets go of its own slot too (not through its mapping)
+    assert int(owners.slot_row[own[0]]) == -1 and int(owners.slot_row[own[1]]) == rows[1]
+    _poison(pool, [zero])  # a refused forward updates the zero slot in place ...
+    owners.rezero()  # ... and the abort zeroes it again
+    assert _zero(pool, [zero])

@@ -8,7 +8,9 @@ without the second. It changes nothing until armed by an admin command:
 
 The next forward of a request of ``<tenant>`` (``verify:<tenant>``: its next speculative verify
 forward; ``draft_forward:<tenant>``: its next forward of a draft model; ``draft:<tenant>``: its next
-speculative decode step, before the draft plans attention, see :mod:`sglang_iso_testing.spec_plant`)
+speculative decode step, before the draft plans attention, see :mod:`sglang_iso_testing.spec_plant`;
+``state:<tenant>``: its next forward on a hybrid linear-attention model, whose recurrent-state slot is pointed at
+another namespace's tree snapshot)
 gets, at position 0 of its ``req_to_token`` row, one slot of a page another owner holds.
 The owner check must redirect it to the zero page and abort the request; before the abort this plugin
 records whether the redirected slot reads the all-zero page and gives the row its own slot back.
@@ -47,6 +49,8 @@ class _PlantState:
         self.planted: dict[int, list[tuple[int, int]]] = {}  # row -> (position, original slot)
         self.planted_count = 0
         self.planted_read_zero = 0  # planted slots found redirected to the (all-zero) zero page
+        self.planted_state: dict[int, int] = {}  # row -> its own recurrent-state slot, while a foreign one is planted
+        self.planted_state_redirected = 0  # planted state slots found replaced by the zero state slot
 
 
 _STATE = _PlantState()
@@ -84,7 +88,38 @@ def plant_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kw
         kind: str | None = "draft_forward"
     else:
         kind = "verify" if forward_batch.forward_mode.is_target_verify() else None
-    plant_rows(table, rows.tolist(), req_to_token, kind)
+    if not plant_rows(table, rows.tolist(), req_to_token, kind) and table.state is not None:
+        _plant_state(table, rows.tolist())
+
+
+def _plant_state(table: Any, rows: list[int]) -> bool:
+    """``state:<tenant>``: point the first armed row's recurrent-state slot at another namespace's tree snapshot."""
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+    cache = table.cache
+    for row in rows:
+        ns = table.namespace_of(int(table.row_owner[row]))
+        armed = f"state:{tenant_of(ns)}"
+        if ns is None or armed not in _STATE.armed:
+            continue
+        scopes = cache._scopes()
+        foreign = [
+            int(node.component_data[ComponentType.MAMBA].value)
+            for node, scope in cache._nodes()
+            if node.component_data[ComponentType.MAMBA].value is not None
+            and scopes.get(scope) is not None
+            and scopes[scope].key != ns
+        ]
+        if not foreign:
+            return False
+        mapping = cache.req_to_token_pool.req_index_to_mamba_index_mapping
+        _STATE.armed.discard(armed)
+        _STATE.planted_state[row] = int(mapping[row])
+        _STATE.planted_count += 1
+        mapping[row] = foreign[0]
+        logger.warning("sglang-iso: TEST plant of another namespace's state snapshot into row %d", row)
+        return True
+    return False
 
 
 def plant_rows(table: Any, rows: list[int], req_to_token: Any, kind: str | None) -> bool:
@@ -99,7 +134,7 @@ def plant_rows(table: Any, rows: list[int], req_to_token: Any, kind: str | None)
 def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``process_batch_result`` (outside the owner check's abort): read the planted slot back, restore it."""
     table = _table()
-    if table is None or batch is None or not _STATE.planted:
+    if table is None or batch is None or not (_STATE.planted or _STATE.planted_state):
         return
     table.drain()  # NOTE: the owner check's own drain then finds nothing pending; the rows to abort stay marked
     req_to_token = table.cache.req_to_token_pool.req_to_token
@@ -107,6 +142,10 @@ def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any
         row = req.kv.req_pool_idx
         if row is None or int(row) not in table.violating_rows:
             continue
+        if int(row) in _STATE.planted_state:
+            mapping = table.cache.req_to_token_pool.req_index_to_mamba_index_mapping
+            _STATE.planted_state_redirected += int(mapping[int(row)]) == table.state.zero_slot
+            mapping[int(row)] = _STATE.planted_state.pop(int(row))  # its own slot back
         for pos, original in _STATE.planted.pop(int(row), []):
             _STATE.planted_read_zero += _reads_zero(table, int(req_to_token[int(row), pos]))
             req_to_token[int(row), pos] = original  # give the row its own slot back
@@ -136,6 +175,7 @@ def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
             "armed": sorted(_STATE.armed),
             "planted": _STATE.planted_count,
             "planted_read_zero": _STATE.planted_read_zero,
+            "planted_state_redirected": _STATE.planted_state_redirected,
             **spec_plant.COUNTERS,
         }
 

@@ -176,6 +176,10 @@ class TenantHybridCache(UnifiedRadixCache):
     def full_protected_size(self) -> int:
         return super().full_protected_size() + self._reserved()
 
+    def mamba_protected_size(self) -> int:
+        state = self.page_owners.state if self.page_owners is not None else None
+        return super().mamba_protected_size() + (state.reserved if state is not None else 0)
+
     def _reserved(self) -> int:
         # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache, so SGLang's
         # idle accounting (available + evictable + protected == total) still balances.

@@ -48,6 +48,7 @@ from sglang_iso.integration.allocator_tap import Order
 
 if TYPE_CHECKING:
     from sglang_iso.integration.scrub import PoolTensors
+    from sglang_iso.integration.state_owner import StateOwners
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,12 @@ class OwnerTable:
         self.zero_owner = self.slot_of("sglang-iso/zero-page")
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
+        self.state: StateOwners | None = None  # recurrent-state slots of a hybrid linear-attention row pool
+        rows_pool = cache.req_to_token_pool
+        if getattr(rows_pool, "mamba_pool", None) is not None:
+            from sglang_iso.integration.state_owner import StateOwners
+
+            self.state = StateOwners(rows_pool)
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
@@ -146,7 +153,14 @@ class OwnerTable:
         rows = allocator_tap.tap_of(self.cache.req_to_token_pool)
         rows.subscribe("alloc", Order.OWNER, self._alloc_rows)
         rows.subscribe("free_rows", Order.OWNER, self._free_rows)
-        logger.info("sglang-iso: KV owner check installed (zero page %d)", self.zero_page)
+        if self.state is not None:
+            state_tap = allocator_tap.tap_of(self.cache.req_to_token_pool.mamba_allocator)
+            state_tap.subscribe("clear", Order.OWNER, self.state.reserve_again)
+        logger.info(
+            "sglang-iso: KV owner check installed (zero page %d%s)",
+            self.zero_page,
+            "" if self.state is None else f", zero state slot {self.state.zero_slot}",
+        )
         return self
 
     # ------------------------------------------------------------------ tap layers
@@ -181,6 +195,8 @@ class OwnerTable:
             self.row_owner[torch.tensor(rows, dtype=torch.int64)] = torch.tensor(owners, dtype=torch.int32).to(
                 self.row_owner.device
             )
+            if self.state is not None:
+                self.state.adopt(rows)
         return out
 
     def _free_rows(self, below: Any, indices: Any) -> None:
@@ -189,6 +205,8 @@ class OwnerTable:
             self._row_req.pop(row, None)
         if rows:
             self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
+            if self.state is not None:
+                self.state.release(rows)
         below(indices)
 
     def add_draft_pool(self, tensors: PoolTensors) -> None:
@@ -250,6 +268,9 @@ class OwnerTable:
         rows = forward_batch.req_pool_indices
         if rows.numel() == 0:
             return
+        if self.state is not None:
+            for row in self.state.check(rows):
+                self._count_violation(row, 1, "recurrent-state slot")
         seq_lens = forward_batch.seq_lens
         # NOTE: on the host the sum is free; on a device, SGLang's host-side seq_lens_sum avoids a sync.
         total = int(seq_lens.sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
@@ -315,17 +336,22 @@ class OwnerTable:
             if not bool(bad.any()):
                 continue
             for row, refused in counts[:, bad].t().tolist():
-                self.violations += refused
-                owner = self._owner_name(int(self.row_owner[row]))
-                self.violations_by_owner[owner] = self.violations_by_owner.get(owner, 0) + refused
-                self.violating_rows.add(row)
-                logger.error(
-                    "sglang-iso isolation-violation: %d foreign or free KV slots in row %d (owner slot %d); "
-                    "replaced by the zero page, aborting the request",
-                    refused,
-                    row,
-                    int(self.row_owner[row]),
-                )
+                self._count_violation(row, refused, "KV slots")
+
+    def _count_violation(self, row: int, refused: int, what: str) -> None:
+        """Count ``refused`` foreign or free ``what`` in ``row`` and mark its request to abort."""
+        self.violations += refused
+        owner = self._owner_name(int(self.row_owner[row]))
+        self.violations_by_owner[owner] = self.violations_by_owner.get(owner, 0) + refused
+        self.violating_rows.add(row)
+        logger.error(
+            "sglang-iso isolation-violation: %d foreign or free %s in row %d (owner slot %d); replaced by the zero "
+            "page or slot, aborting the request",
+            refused,
+            what,
+            row,
+            int(self.row_owner[row]),
+        )
 
     def abort_violators(self, batch: Any) -> None:
         """Scheduler thread, before a batch's results are processed: abort requests that hit a violation.
@@ -354,12 +380,18 @@ class OwnerTable:
 
     def _rezero(self) -> None:
         """Zero the zero page again: a refused slot in a column a speculative pass writes (its write
-        locations are read from the sanitized row) lands there."""
+        locations are read from the sanitized row) lands there; likewise the zero state slot, which a refused row's
+        forward updated in place."""
         self._zero(self.zero_page)
+        if self.state is not None:
+            self.state.rezero()
 
     def status(self) -> dict[str, int]:
         """Counters for /get_server_info."""
-        return {"owner_violations": self.violations, "owner_draft_step_checks": self.draft_step_checks}
+        out = {"owner_violations": self.violations, "owner_draft_step_checks": self.draft_step_checks}
+        if self.state is not None:
+            out["owner_state_violations"] = self.state.violations
+        return out
 
     def namespace_of(self, slot: int) -> str | None:
         """The namespace holding owner ``slot`` (None for UNTAGGED or an unknown slot)."""

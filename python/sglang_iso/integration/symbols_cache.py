@@ -140,6 +140,26 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "the hybrid tenant cache runs on the Python tree core (its nodes are walked by the namespace check)",
     ),
     (
+        f"{_URC}:UnifiedRadixCache.mamba_protected_size",
+        ("self",),
+        "overridden: the owner check's zero state slot counts as protected in SGLang's idle accounting",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:HybridReqToTokenPool.alloc",
+        ("self", "reqs"),
+        "writes each row's state slot into req_index_to_mamba_index_mapping, which the state check adopts after it",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:HybridReqToTokenPool.get_mamba_indices",
+        ("self", "req_indices"),
+        "what a forward reads a row's state slot from (req_index_to_mamba_index_mapping), checked before it",
+    ),
+    (
+        "sglang.srt.mem_cache.memory_pool:HybridReqToTokenPool.translate_mamba_indices",
+        ("self", "mamba_indices"),
+        "slot ids to the physical ids clear_slots takes (the zero state slot is cleared through it)",
+    ),
+    (
         f"{_URC}:UnifiedRadixCache._match_tree",
         ("self", "params"),
         "overridden: the walk, then the namespace check before the components' finalizers",
