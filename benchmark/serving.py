@@ -6,6 +6,7 @@ Usage::
     python benchmark/serving.py --family deepseek ...   # MLA + MoE (a tiny DeepSeek-V3-shaped model)
     python benchmark/serving.py --family laguna ...     # SWA hybrid (sliding and full attention layers)
     python benchmark/serving.py --family gpt-oss ...    # SWA hybrid with attention sinks and MoE (Triton, interpreted)
+    python benchmark/serving.py --family qwen3-next ... # hybrid linear attention (GDN state), MoE (interpreted gate)
 
 Workloads (both "generated shared prefix": a long shared prefix + a random suffix per request):
 
@@ -26,7 +27,10 @@ The SWA hybrid families run in the one-pool layout on both servers (``--disable-
 launcher adds it, upstream gets it here), so both keep the same KV and compare the same attention path: upstream's
 default SWA sub-pool layout is not served on torch_native (its sliding layers read untranslated ids), and gpt-oss
 needs the Triton backend for its sinks, run on CPU in Triton's interpreter (``TRITON_INTERPRET=1``, both servers):
-use few requests there.
+use few requests there. The hybrid linear-attention family (a tiny Qwen3-Next, dummy weights) runs with the
+state-cache strategy sglang-iso serves (``--mamba-radix-cache-strategy no_buffer`` on both): its state is cached
+only at the end of a finished exchange, so a shared prefix followed by a new suffix misses on both servers (hit %
+near 0) and the comparison is of the miss path (namespace check, state and KV scrub, both owner checks).
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
 from sglang_iso_testing.tiny_gpt_oss import SERVE_FLAGS as GPT_OSS_FLAGS
 from sglang_iso_testing.tiny_gpt_oss import write_tiny_gpt_oss
+from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS as QWEN3_NEXT_FLAGS
+from sglang_iso_testing.tiny_qwen3_next import write_tiny_qwen3_next
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS as LAGUNA_FLAGS
 from sglang_iso_testing.tiny_swa import write_tiny_swa
 
@@ -75,6 +81,7 @@ FAMILIES = {
     "deepseek": Family(write_tiny_deepseek),
     "laguna": Family(write_tiny_swa, (*LAGUNA_FLAGS, *_ONE_POOL)),
     "gpt-oss": Family(write_tiny_gpt_oss, (*GPT_OSS_FLAGS, *_ONE_POOL), (("TRITON_INTERPRET", "1"),)),
+    "qwen3-next": Family(write_tiny_qwen3_next, QWEN3_NEXT_FLAGS, (("TRITON_INTERPRET", "1"),)),
 }
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""
@@ -344,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         "--family",
         choices=sorted(FAMILIES),
         default="llama",
-        help="llama: the bundled dense model; deepseek, laguna, gpt-oss: a tiny model of that family written at start",
+        help="llama: the bundled dense model; deepseek, laguna, gpt-oss, qwen3-next: a tiny model of that family "
+        "written at start",
     )
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
