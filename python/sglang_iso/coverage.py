@@ -341,10 +341,12 @@ FAMILIES: tuple[Family, ...] = (
         "no sinks)",
     ),
     Family(
-        "hybrid SWA in SGLang's SWA sub-pool layout",
+        "hybrid SWA in SGLang's SWA sub-pool layout (`--iso-swa-layout sub-pool`, Triton backend, owner check off)",
         "SWAKVPool",
-        "refused",
-        "the tree has no SWA window semantics yet (scrub of both sub-pools: `test/integration/test_swa_scrub.py`)",
+        "served with tenants",
+        "`test/e2e/test_swa.py` (Laguna-shaped on Triton, interpreted): SGLang's unified tree with its SWA component "
+        "under the namespace check (`integration/hybrid_cache.py`), differential against upstream; scrub of both "
+        "sub-pools: `test/integration/test_swa_scrub.py`",
     ),
     Family(
         "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",
@@ -588,8 +590,19 @@ def _bypass_env(name: str) -> Callable[[Features], str | None]:
     return _bypass(name, lambda f: f.bypass_env, message)
 
 
-def _hybrid_swa(f: Features) -> str | None:
-    return f"hybrid SWA models in SGLang's SWA sub-pool layout (pass {SWA_LAYOUT_FLAG})" if f.hybrid_swa else None
+def _hybrid_swa_backend(f: Features) -> str | None:
+    if not f.hybrid_swa or CPU_ATTENTION_BACKEND not in f.attention_backends:
+        return None
+    return (
+        f"hybrid SWA models in SGLang's SWA sub-pool layout on the {CPU_ATTENTION_BACKEND} attention backend "
+        f"(its sliding layers read untranslated ids; pass --attention-backend triton, or {SWA_LAYOUT_FLAG})"
+    )
+
+
+def _owner_swa(f: Features) -> str | None:
+    if not f.kv_owner_check or not f.hybrid_swa:
+        return None
+    return "hybrid SWA models in SGLang's SWA sub-pool layout (the sliding layers' ids are not translated)"
 
 
 def _attr(flag: str) -> str:
@@ -599,9 +612,9 @@ def _attr(flag: str) -> str:
 
 def _hybrid_ssm_flag(flag: str) -> Callable[[Features], str | None]:
     def check(f: Features) -> str | None:
-        if not f.hybrid_ssm or flag not in f.hybrid_ssm_flags:
+        if not (f.hybrid_ssm or f.hybrid_swa) or flag not in f.hybrid_ssm_flags:
             return None
-        return f"{flag} with hybrid SSM/Mamba models ({HYBRID_SSM_FLAGS[flag]})"
+        return f"{flag} with hybrid SSM/Mamba models or the SWA sub-pool layout ({HYBRID_SSM_FLAGS[flag]})"
 
     return check
 
@@ -613,11 +626,10 @@ def _hybrid_ssm_strategy(f: Features) -> str | None:
 
 
 def _hybrid_ssm_limits(f: Features) -> str | None:
-    if not f.hybrid_ssm or not f.tenant_limits:
+    if not (f.hybrid_ssm or f.hybrid_swa) or not f.tenant_limits:
         return None
-    return (
-        f"tenants-file {', '.join(sorted(f.tenant_limits))} with hybrid SSM/Mamba models (not enforced per namespace)"
-    )
+    limits = ", ".join(sorted(f.tenant_limits))
+    return f"tenants-file {limits} with hybrid SSM/Mamba models or the SWA sub-pool layout (not enforced per namespace)"
 
 
 def _sinks_on_torch_native(f: Features) -> str | None:
@@ -735,12 +747,16 @@ ROWS: tuple[Row, ...] = (
     Row("`--tokenizer-worker-num` above 1 with a tenants file", _L, "launch", _tokenizer_workers),
     *(Row(f"`{name}=1` with a tenants file", _L, "launch", _bypass_env(name)) for name in BYPASS_ENV),
     Row(
-        "hybrid SWA models (gpt-oss, Llama 4, MiMo-V2, Gemma 4, ...) in SGLang's SWA sub-pool layout",
+        "hybrid SWA models in SGLang's SWA sub-pool layout on the torch_native attention backend",
         _S,
         "tree",
-        _hybrid_swa,
+        _hybrid_swa_backend,
     ),
-    *(Row(f"hybrid SSM/Mamba models with `{flag}`", _LS, "tree", _hybrid_ssm_flag(flag)) for flag in HYBRID_SSM_FLAGS),
+    Row("`--kv-owner-check on` with hybrid SWA models in SGLang's SWA sub-pool layout", _S, "owner-check", _owner_swa),
+    *(
+        Row(f"hybrid SSM/Mamba models or the SWA sub-pool layout with `{flag}`", _LS, "tree", _hybrid_ssm_flag(flag))
+        for flag in HYBRID_SSM_FLAGS
+    ),
     Row(
         f"hybrid SSM/Mamba models with `{MAMBA_STRATEGY_FLAG}` other than `{MAMBA_STRATEGY}`",
         _LS,
@@ -748,7 +764,8 @@ ROWS: tuple[Row, ...] = (
         _hybrid_ssm_strategy,
     ),
     Row(
-        "hybrid SSM/Mamba models with per-tenant quotas or shared prefixes in the tenants file",
+        "hybrid SSM/Mamba models or the SWA sub-pool layout with per-tenant quotas or shared prefixes in the "
+        "tenants file",
         _S,
         "tree",
         _hybrid_ssm_limits,

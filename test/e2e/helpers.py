@@ -11,7 +11,7 @@ import random
 import string
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +345,46 @@ def audit_events(path: Path, event: str) -> list[dict[str, Any]]:
     """The audit log's ``event`` records, oldest first."""
     lines = path.read_text().splitlines() if path.exists() else []
     return [e for e in (json.loads(line) for line in lines if line.strip()) if e.get("event") == event]
+
+
+def conversation_trace(seed: int, steps: int) -> list[tuple[str, list[int]]]:
+    """A random multi-tenant conversation trace: (tenant, prompt ids) per request. Each step starts a conversation,
+    continues one of the tenant's own (its last prompt, the reply placeholder filled in at run time, new tokens),
+    re-sends the tenant's last prompt, or sends another tenant's last prompt as its own."""
+    rng = random.Random(seed)
+    tenants = ("acme", "globex")
+    last: dict[str, list[int]] = {}
+    out: list[tuple[str, list[int]]] = []
+    for _ in range(steps):
+        tenant = rng.choice(tenants)
+        other = next(t for t in tenants if t != tenant)
+        action = rng.choice(("new", "continue", "continue", "resend", "foreign")) if tenant in last else "new"
+        if action == "new":
+            prompt = random_prompt(rng.randrange(20, 48))
+        elif action == "continue":
+            prompt = [*last[tenant], REPLY, *(rng.randrange(300, 2000) for _ in range(rng.randrange(4, 12)))]
+        elif action == "resend" or other not in last:
+            prompt = list(last[tenant])
+        else:
+            prompt = list(last[other])
+        last[tenant] = prompt
+        out.append((tenant, prompt))
+    return out
+
+
+REPLY = -1
+"""Placeholder in a traced prompt for the reply to the prompt before it (the server's own output)."""
+
+
+def run_trace(trace: list[tuple[str, list[int]]], send: Callable[[str, list[int]], dict]) -> list[tuple[int, list]]:
+    """(cached tokens, output ids) of each request, with each placeholder replaced by that server's last reply."""
+    results: list[tuple[int, list]] = []
+    replies: dict[tuple[int, ...], list[int]] = {}
+    for tenant, prompt in trace:
+        ids: list[int] = []
+        for token in prompt:
+            ids.extend(replies[tuple(ids)] if token == REPLY else [token])
+        out = send(tenant, ids)
+        replies[tuple(ids)] = list(out["output_ids"])
+        results.append((int(out["meta_info"]["cached_tokens"]), list(out["output_ids"])))
+    return results

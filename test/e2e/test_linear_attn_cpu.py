@@ -17,10 +17,9 @@ the state itself); what these tests show is where state and KV are reused, not t
 
 from __future__ import annotations
 
-import random
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,12 @@ from .helpers import (
     assert_free_pages_zero_after_pressure,
     assert_planted_slot_aborts,
     auth,
+    conversation_trace,
     generate_to_length,
     internal_command,
     post_ids,
     random_prompt,
+    run_trace,
     server_info,
     tree_state,
 )
@@ -117,49 +118,6 @@ def test_a_tenants_continuation_hits_its_state_another_tenant_misses_with_the_sa
     assert tree["violations"] == 0 and tree["hybrid_hit_tokens"] >= cached
 
 
-def _trace(seed: int, steps: int) -> list[tuple[str, list[int]]]:
-    """A random multi-tenant conversation trace: (tenant, prompt ids) per request. Each step starts a conversation,
-    continues one of the tenant's own (its last prompt, the reply placeholder filled in at run time, new tokens),
-    re-sends the tenant's last prompt, or sends another tenant's last prompt as its own."""
-    rng = random.Random(seed)
-    tenants = ("acme", "globex")
-    last: dict[str, list[int]] = {}
-    out: list[tuple[str, list[int]]] = []
-    for _ in range(steps):
-        tenant = rng.choice(tenants)
-        other = next(t for t in tenants if t != tenant)
-        action = rng.choice(("new", "continue", "continue", "resend", "foreign")) if tenant in last else "new"
-        if action == "new":
-            prompt = random_prompt(rng.randrange(20, 48))
-        elif action == "continue":
-            prompt = [*last[tenant], REPLY, *(rng.randrange(300, 2000) for _ in range(rng.randrange(4, 12)))]
-        elif action == "resend" or other not in last:
-            prompt = list(last[tenant])
-        else:
-            prompt = list(last[other])
-        last[tenant] = prompt
-        out.append((tenant, prompt))
-    return out
-
-
-REPLY = -1
-"""Placeholder in a traced prompt for the reply to the prompt before it (the server's own output)."""
-
-
-def _run_trace(trace: list[tuple[str, list[int]]], send: Callable[[str, list[int]], dict]) -> list[tuple[int, list]]:
-    """(cached tokens, output ids) of each request, with each placeholder replaced by that server's last reply."""
-    results: list[tuple[int, list]] = []
-    replies: dict[tuple[int, ...], list[int]] = {}
-    for tenant, prompt in trace:
-        ids: list[int] = []
-        for token in prompt:
-            ids.extend(replies[tuple(ids)] if token == REPLY else [token])
-        out = send(tenant, ids)
-        replies[tuple(ids)] = list(out["output_ids"])
-        results.append((int(out["meta_info"]["cached_tokens"]), list(out["output_ids"])))
-    return results
-
-
 def test_differential_against_upstream_on_a_random_multi_tenant_trace(
     server: ServerProcess, upstream: ServerProcess, keys: dict[str, str]
 ) -> None:
@@ -167,7 +125,7 @@ def test_differential_against_upstream_on_a_random_multi_tenant_trace(
     them apart) and through sglang-iso (each tenant's key): every request's cached tokens and output tokens equal.
     Upstream's own tree is the oracle of where state snapshots exist and hit; the trace has hits in both servers
     (control) and cross-tenant sends of the same tokens."""
-    trace = _trace(seed=7, steps=24)
+    trace = conversation_trace(seed=7, steps=24)
 
     def iso(tenant: str, ids: list[int]) -> dict:
         return generate_to_length(server, keys[tenant], ids, NEW_TOKENS)
@@ -180,7 +138,7 @@ def test_differential_against_upstream_on_a_random_multi_tenant_trace(
         assert status == 200, out
         return out
 
-    ours, theirs = _run_trace(trace, iso), _run_trace(trace, plain)
+    ours, theirs = run_trace(trace, iso), run_trace(trace, plain)
     assert sum(1 for cached, _ in theirs if cached > 0) >= 3  # the trace reuses state in upstream
     assert ours == theirs
 

@@ -26,15 +26,19 @@ from sglang_iso_testing.process import (
     baseline_server_argv,
     free_port,
     iso_server_argv,
+    request_json,
 )
+from sglang_iso_testing.tenants import write_tenants_file as write_tenants
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, WINDOW, write_tiny_swa
 
 from .helpers import (
     TENANTS,
     assert_free_pages_zero_after_pressure,
     assert_planted_slot_aborts,
+    conversation_trace,
     generate_to_length,
     random_prompt,
+    run_trace,
     server_info,
     tree_state,
     write_tenants_file,
@@ -109,10 +113,11 @@ def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys
     assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
 
 
-def test_the_swa_sub_pool_layout_is_refused_at_start_naming_the_flag(model: Path) -> None:
+def test_the_swa_sub_pool_layout_is_refused_on_torch_native_and_with_the_owner_check(model: Path) -> None:
     """SGLang's own launcher with the tenant cache and without the launcher's flag: SGLang builds its SWA sub-pool
-    layout, and the tenant cache factory refuses it. (The comparison server registers sglang-iso's hooks and backend
-    only when the tenant cache is required.)"""
+    layout on its CPU default backend, and the tenant cache factory refuses it, naming the backend and the owner
+    check (the sub-pool server below is the control). (The comparison server registers sglang-iso's hooks and
+    backend only when the tenant cache is required.)"""
     port = free_port()
     argv = baseline_server_argv(port, model, *SIZES, "--radix-cache-backend", "tenant")
     srv = ServerProcess(argv, port, env={envvars.REQUIRE_TENANT_CACHE.name: "1"})
@@ -120,5 +125,73 @@ def test_the_swa_sub_pool_layout_is_refused_at_start_naming_the_flag(model: Path
         srv.start(timeout_s=240)
     srv.keep_log = False  # an expected refusal: its log tail is in the error
     srv.stop()
-    assert "hybrid SWA models in SGLang's SWA sub-pool layout (pass --disable-hybrid-swa-memory)" in str(err.value)
-    assert "SWAKVPool" in str(err.value)
+    assert "SWA sub-pool layout on the torch_native attention backend" in str(err.value)
+    assert "--kv-owner-check on does not cover hybrid SWA models in SGLang's SWA sub-pool layout" in str(err.value)
+
+
+SUBPOOL_FLAGS = (*SIZES, *DTYPE_FLAGS, "--attention-backend", "triton")
+"""Both sub-pool servers: the Triton backend (SGLang's sliding layers translate ids there), in its interpreter."""
+
+
+@pytest.fixture(scope="module")
+def subpool(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str, str]) -> Iterator[ServerProcess]:
+    tenants = {"acme": {"cache": "private"}, "globex": {"cache": "private"}}
+    path = write_tenants(tmp_path_factory.mktemp("subpool-tenants"), tenants, keys=keys).path
+    port = free_port()
+    argv = iso_server_argv(port, model, *SUBPOOL_FLAGS, "--tenants-file", str(path), "--iso-swa-layout", "sub-pool",
+                           "--kv-owner-check", "off")  # fmt: skip
+    srv = ServerProcess(argv, port, env={"TRITON_INTERPRET": "1"})
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def upstream_subpool(model: Path) -> Iterator[ServerProcess]:
+    port = free_port()
+    srv = ServerProcess(baseline_server_argv(port, model, *SUBPOOL_FLAGS), port, env={"TRITON_INTERPRET": "1"})
+    try:
+        srv.start(timeout_s=400)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_sub_pool_layout_is_served_on_the_hybrid_tree_with_both_sub_pools_scrubbed(
+    subpool: ServerProcess, keys: dict[str, str]
+) -> None:
+    tree = tree_state(subpool, keys["admin"])
+    assert tree["impl"] == "TenantHybridCache" and tree["kv_pool"] == "SWAKVPool"
+    assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "off"
+    assert "hybrid_swa=True" in subpool.log_text()
+    prompt = random_prompt(PROMPT_LEN)
+    first = generate_to_length(subpool, keys["acme"], prompt, NEW_TOKENS)
+    repeat = generate_to_length(subpool, keys["acme"], prompt, NEW_TOKENS)
+    assert repeat["meta_info"]["cached_tokens"] > 0  # positive control: the same tenant reuses its window
+    other = generate_to_length(subpool, keys["globex"], prompt, NEW_TOKENS)
+    assert other["meta_info"]["cached_tokens"] == 0  # isolation
+    assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]
+
+
+def test_the_sub_pool_tree_matches_upstream_on_a_random_multi_tenant_trace(
+    subpool: ServerProcess, upstream_subpool: ServerProcess, keys: dict[str, str]
+) -> None:
+    """Upstream's SWA component is the oracle of window-bounded matches: the same trace (each tenant under its own
+    ``extra_key`` upstream, its key here) gives every request the same cached tokens and output tokens."""
+    trace = conversation_trace(seed=11, steps=10)
+
+    def iso(tenant: str, ids: list[int]) -> dict:
+        return generate_to_length(subpool, keys[tenant], ids, NEW_TOKENS)
+
+    def plain(tenant: str, ids: list[int]) -> dict:
+        sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        body = {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
+        status, out = request_json(upstream_subpool.base_url + "/generate", body)
+        assert status == 200, out
+        return out
+
+    ours, theirs = run_trace(trace, iso), run_trace(trace, plain)
+    assert sum(1 for cached, _ in theirs if cached > 0) >= 2  # the trace reuses windows in upstream
+    assert ours == theirs

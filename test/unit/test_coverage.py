@@ -26,8 +26,7 @@ def test_readme_lists_exactly_the_model_families() -> None:
     found = re.search(r"<!-- family-table -->\n(.*?)\n<!-- /family-table -->", README.read_text(), re.S)
     assert found is not None, "README has no model-family table block"
     assert found.group(1) == coverage.families_markdown()
-    assert {f.pool for f in coverage.FAMILIES if f.status == "refused"} >= {"SWAKVPool"}
-    assert {"DSATokenToKVPool", "HybridLinearKVPool"} <= coverage.COVERED_POOLS
+    assert {"DSATokenToKVPool", "HybridLinearKVPool", "SWAKVPool"} <= coverage.COVERED_POOLS
 
 
 @pytest.mark.parametrize("pool", sorted(coverage.COVERED_POOLS))
@@ -174,7 +173,7 @@ def test_the_launcher_reads_recurrent_state_from_the_model_config(config: dict, 
                                      cuda_available=cuda)  # fmt: skip
         assert [r.feature for r in refusals(flagged)] == (
             [
-                "hybrid SSM/Mamba models with `--enable-streaming-session`",
+                "hybrid SSM/Mamba models or the SWA sub-pool layout with `--enable-streaming-session`",
                 "hybrid SSM/Mamba models with `--mamba-radix-cache-strategy` other than `no_buffer`",
             ]
             if ssm
@@ -193,6 +192,9 @@ def test_the_scheduler_reads_hybrid_flags_from_server_args_and_limits_from_the_t
     message = coverage.explain(refusals(f))
     assert "--enable-hierarchical-cache with hybrid SSM/Mamba models" in message
     assert "tenants-file quota_tokens with hybrid SSM/Mamba models" in message
+    swa = Features.from_server_args(args, kv_owner_check=False, tenants_file=True, hybrid_swa=True,
+                                    tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+    assert "or the SWA sub-pool layout" in coverage.explain(refusals(swa))  # the same hybrid tree
     dense = Features.from_server_args(args, kv_owner_check=True, tenants_file=True,
                                       tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
     assert refusals(dense) == []  # control: the dense tree enforces them

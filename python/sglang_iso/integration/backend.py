@@ -71,7 +71,7 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
                 l3_quota_tokens=tenant.l3_quota_tokens,
             )
     resolver = NamespaceResolver(config.secret if config is not None else None)
-    if ctx.is_hybrid_ssm:
+    if ctx.is_hybrid_ssm or ctx.is_hybrid_swa:
         return _build_hybrid_cache(ctx, settings, resolver, policies)
     cache = TenantRadixCache(ctx.params, resolver, policies)
     if config is not None:
@@ -103,7 +103,8 @@ def build_tenant_cache(ctx: TreeCacheBuildContext) -> BasePrefixCache:
 def _build_hybrid_cache(
     ctx: TreeCacheBuildContext, settings: Settings, resolver: NamespaceResolver, policies: dict[str, TenantPolicy]
 ) -> BasePrefixCache:
-    """A hybrid linear-attention model: SGLang's unified tree with its Mamba component, under the tenant rules.
+    """A hybrid linear-attention model, or a hybrid SWA model in SGLang's SWA sub-pool layout: SGLang's unified tree
+    with its Mamba or SWA component, under the tenant rules.
 
     Raises:
         NotCoveredError: a recurrent-state tensor the state scrubber would not zero.
@@ -131,7 +132,8 @@ def _build_hybrid_cache(
 
         forward_stream = getattr(getattr(ctx.tp_worker, "model_runner", None), "forward_stream", None)
         cache.scrubber = make_scrubber(cache.token_to_kv_pool_allocator, cache.req_to_token_pool, forward_stream)
-        cache.mamba_scrubber = MambaScrubber(cache.req_to_token_pool, forward_stream).install()
+        if ctx.is_hybrid_ssm:
+            cache.mamba_scrubber = MambaScrubber(cache.req_to_token_pool, forward_stream).install()
     if settings.kv_owner_check and not cache.disable:
         from sglang_iso.integration import owner_check
 

@@ -1,10 +1,12 @@
-"""``TenantHybridCache``: the tenant cache for hybrid linear-attention models (Qwen3.5, Qwen3-Next, Nemotron-H, ...).
+"""``TenantHybridCache``: the tenant cache for hybrid linear-attention models (Qwen3.5, Qwen3-Next, Nemotron-H, ...)
+and for hybrid sliding-window models in SGLang's SWA sub-pool layout (gpt-oss, Laguna, Llama 4, ...).
 
 A hybrid model's prefix is reusable only together with the recurrent state its linear-attention layers had at the
 end of it. SGLang keeps those states on tree nodes in its unified tree (``UnifiedRadixCache`` with the Mamba
 component: a node's snapshot is a slot of the ``MambaPool``, copied into a matching request's own slot before its
 forward, and a finished request's slot is donated to the node its insert ends on). This cache is that tree, with the
-tenant rules on top, so the state machinery stays SGLang's own:
+tenant rules on top, so the state machinery stays SGLang's own. The same holds for the SWA component (a sliding
+layer's KV in its own sub-pool, tombstoned outside the window, matches bounded by it):
 
 * **Namespaces.** SGLang's tree keys every child by ``(extra_key, cache_salt)`` besides its tokens, so each
   ``extra_key`` roots its own subtree. The front end writes a MAC'd namespace tag into ``extra_key``; here it must
@@ -14,8 +16,8 @@ tenant rules on top, so the state machinery stays SGLang's own:
 * **Ownership tag checked on every match.** Every node carries the key it was inserted under; after the walk, each
   node from the matched one up to the root must carry the request's own ``(extra_key, cache_salt)``, else the match
   becomes a miss before any state or KV of it is handed out (counted, logged: fail closed).
-* **Scrub.** Freed KV pages are zeroed by the KV scrubber and freed state slots by
-  :class:`~sglang_iso.integration.mamba_scrub.MambaScrubber` (both set by the factory).
+* **Scrub.** Freed KV pages are zeroed by the KV scrubber (one per sub-pool in the SWA layout) and freed state slots
+  by :class:`~sglang_iso.integration.mamba_scrub.MambaScrubber` (both set by the factory).
 * **Erase.** ``erase_owner`` drops the unlocked nodes of an owner's namespaces (KV pages and state snapshots),
   leaf by leaf through SGLang's own leaf eviction, which frees both.
 
@@ -263,12 +265,13 @@ class TenantHybridCache(UnifiedRadixCache):
         """A JSON-safe summary for /get_server_info and the startup check (the tenant tree's fields, plus the state
         pool's and its scrubber's)."""
         allocator = self.token_to_kv_pool_allocator
+        state_pool = getattr(self.req_to_token_pool, "mamba_pool", None)
         return {
             "backend": BACKEND_NAME,
             "impl": type(self).__name__,
             "page_size": self.page_size,
             "kv_pool": type(allocator.get_kvcache()).__name__,
-            "state_pool": type(getattr(self.req_to_token_pool, "mamba_pool", None)).__name__,
+            "state_pool": None if state_pool is None else type(state_pool).__name__,
             "disabled": self.disable,
             "namespace_mode": self.resolver.mode,
             "namespaces": len(self._configured),

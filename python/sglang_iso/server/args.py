@@ -58,6 +58,14 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         help="auto: without CUDA, add the CPU flags that serve unless given (default); off: add none.",
     )
     group.add_argument(
+        "--iso-swa-layout",
+        choices=["one-pool", "sub-pool"],
+        default="one-pool",
+        help="Hybrid sliding-window models: one-pool keeps every layer's KV in one pool (default; adds "
+        f"{coverage.SWA_LAYOUT_FLAG}); sub-pool serves SGLang's SWA sub-pool layout (less memory; refused on "
+        "torch_native and with --kv-owner-check on).",
+    )
+    group.add_argument(
         "--tenants-file",
         default=None,
         metavar="PATH",
@@ -140,7 +148,7 @@ def plan_launch(argv: Sequence[str], *, cuda_available: bool, env: dict[str, str
     if flag_value(sglang_argv, "--radix-cache-backend") is None:
         sglang_argv += ["--radix-cache-backend", TENANT_BACKEND]
         added += ["--radix-cache-backend", TENANT_BACKEND]
-    if not has_flag(sglang_argv, SWA_LAYOUT_FLAG):
+    if ours.iso_swa_layout == "one-pool" and not has_flag(sglang_argv, SWA_LAYOUT_FLAG):
         # NOTE: hybrid SWA models then keep every layer's KV in one pool (the window is an attention mask), the
         # layout the tenant tree covers; SGLang's SWA sub-pool layout is refused. A no-op for other models.
         sglang_argv.append(SWA_LAYOUT_FLAG)
