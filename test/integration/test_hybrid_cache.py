@@ -75,7 +75,11 @@ def _build(cls: type[UnifiedRadixCache]) -> Any:
     )  # fmt: skip
     cache = cls(params)
     if isinstance(cache, TenantHybridCache):
-        cache.configure(NamespaceResolver(SECRET), {"hooli": TenantPolicy(quota_tokens=None, policy="private")})
+        policies = {
+            "hooli": TenantPolicy(quota_tokens=None, policy="private"),
+            "initech": TenantPolicy(quota_tokens=None, policy="off"),
+        }
+        cache.configure(NamespaceResolver(SECRET), policies)
     return cache
 
 
@@ -151,6 +155,18 @@ def test_a_key_without_a_verified_tag_matches_nothing(extra_key: str | None) -> 
     assert len(ours.tree_core.root_node.children) == 1  # nothing was stored under it
     assert _match(ours, _tag("acme"), tokens) == (20, True)  # control: the verified tag hits
     assert ours.counters["unverified"] >= 1 and ours.check_integrity()
+
+
+def test_a_tenant_with_the_cache_off_stores_and_matches_nothing_but_keeps_its_owner() -> None:
+    cache = _build(TenantHybridCache)
+    tokens = list(range(200, 220))
+    assert _insert(cache, _tag("initech"), tokens) == 0
+    assert _match(cache, _tag("initech"), tokens) == (0, False)
+    assert len(cache.tree_core.root_node.children) == 0
+    assert cache.namespace_of_request(_tag("initech"), None) is not None  # its rows still have an owner
+    assert cache.counters["unverified"] == 0  # a verified tag, not a forged one
+    _insert(cache, _tag("hooli"), tokens)
+    assert _match(cache, _tag("hooli"), tokens) == (20, True)  # control: a private tenant stores and hits
 
 
 def test_an_edge_into_another_namespace_is_a_counted_miss_not_a_crash() -> None:

@@ -83,15 +83,21 @@ class TenantHybridCache(UnifiedRadixCache):
     # ------------------------------------------------------------------------------------------ namespace rules
 
     def namespace_of_request(self, extra_key: str | None, cache_salt: str | None) -> str | None:
-        """The namespace of a request with these fields (its verified tag), or None: it shares nothing."""
+        """The namespace of a request with these fields (its verified tag), or None (the owner check's owner)."""
         ns = self.resolver.resolve_namespace(extra_key, cache_salt)
         if ns is None:
             return None
         self._configured.setdefault(ns.key, ns)
-        policy = self.policies.get(ns.tenant) if ns.tenant is not None else None
-        if policy is not None and policy.policy == "off":
-            return None
         return ns.key
+
+    def _sharing_namespace(self, extra_key: str | None, cache_salt: str | None) -> str | None:
+        """The namespace a key may match and insert in: its verified one, unless its owner has the cache off."""
+        ns = self.namespace_of_request(extra_key, cache_salt)
+        return ns if ns is not None and self._shares(ns) else None
+
+    def _shares(self, ns: str) -> bool:
+        policy = self.policies.get(self._configured[ns].owner)
+        return policy is None or policy.policy != "off"
 
     def namespace_of(self, key: str) -> Namespace | None:
         """The namespace the resolver made for namespace ``key`` (None: not seen)."""
@@ -115,6 +121,9 @@ class TenantHybridCache(UnifiedRadixCache):
         self.counters["lookup_tokens"] += len(key)
         if ns is None:
             self.counters["unverified"] += 1
+        elif not self._shares(ns):
+            ns = None  # the owner's cache is off
+        if ns is None:
             # An empty key walks nothing; the finalizers still run (the Mamba component gives the request its
             # own fresh slot, as on any miss).
             params = replace(params, key=RadixKey([], key.extra_key, cache_salt=key.cache_salt))
@@ -158,14 +167,14 @@ class TenantHybridCache(UnifiedRadixCache):
         """SGLang's insert, for keys of a verified namespace only: any other key stores nothing (the caller keeps
         its KV and state)."""
         key = params.key
-        if self.disable or (key is not None and self.namespace_of_request(key.extra_key, key.cache_salt) is not None):
+        if self.disable or (key is not None and self._sharing_namespace(key.extra_key, key.cache_salt) is not None):
             return super().insert(params)
         return InsertResult(prefix_len=0)
 
     def checkpoint(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's insert, for requests of a verified namespace only; any other request keeps its own KV and
         state, which its release frees (and the scrubbers zero)."""
-        if self.disable or self.namespace_of_request(req.extra_key, req.cache_salt) is not None:
+        if self.disable or self._sharing_namespace(req.extra_key, req.cache_salt) is not None:
             super().checkpoint(req, up_to=up_to, **kwargs)
             return
         if req.finished():
