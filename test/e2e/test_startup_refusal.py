@@ -58,16 +58,17 @@ def test_uncovered_draft_model_speculative_decoding_is_refused_by_name() -> None
     assert "does not support --speculative-algorithm FROZEN_KV_MTP" in str(err.value)
 
 
-def test_a_hybrid_linear_attention_model_is_refused_by_the_launcher_by_name(tmp_path: Path) -> None:
-    """A Qwen3-Next-shaped model directory: on CPU SGLang's own argument checks would stop it without naming the
-    family; the launcher reads ``config.json`` and refuses it first, naming it. The same launcher starts the
-    bundled dense model (every other e2e test)."""
+def test_a_hybrid_linear_attention_model_with_an_uncovered_flag_is_refused_by_the_launcher_by_name(
+    tmp_path: Path,
+) -> None:
+    """A Qwen3-Next-shaped model directory with the extra-buffer state strategy: the launcher reads ``config.json``
+    and refuses the combination first, naming the flag (the model itself is served: test_linear_attn_cpu.py)."""
     config = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 2048,
               "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
-    server = start_iso_server(model=tmp_path)
+    server = start_iso_server("--mamba-radix-cache-strategy", "extra_buffer", model=tmp_path)
     with pytest.raises(ServerStartError) as err:
         server.start(timeout_s=120)
     server.keep_log = False  # an expected refusal: its log tail is in the error
     server.stop()
-    assert "does not support hybrid SSM/Mamba model" in str(err.value)
+    assert "--mamba-radix-cache-strategy extra_buffer with hybrid SSM/Mamba models" in str(err.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,8 +42,22 @@ def test_cpu_defaults_off() -> None:
     assert plan.sglang_argv == ["--model-path", "m", "--radix-cache-backend", "tenant", "--disable-hybrid-swa-memory"]
 
 
+def test_the_swa_sub_pool_layout_is_asked_for_by_name() -> None:
+    plan = plan_launch(["--model-path", "m", "--iso-swa-layout", "sub-pool"], cuda_available=True)
+    assert "--disable-hybrid-swa-memory" not in plan.sglang_argv
+
+
+def test_hybrid_linear_attention_models_get_the_covered_state_strategy_unless_given(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_next"}))
+    plan = plan_launch(["--model-path", str(tmp_path)], cuda_available=True)
+    assert plan.sglang_argv[-2:] == ["--mamba-radix-cache-strategy", "no_buffer"]
+    assert plan.added[-2:] == ["--mamba-radix-cache-strategy", "no_buffer"]
+    dense = plan_launch(["--model-path", "m"], cuda_available=True)  # control: not for a dense model
+    assert "--mamba-radix-cache-strategy" not in dense.sglang_argv
+
+
 def test_hybrid_swa_models_get_the_one_pool_layout_unless_given() -> None:
-    """SGLang's SWA sub-pool layout is refused at the scheduler; the launcher asks for the layout it covers."""
+    """The launcher's default layout for hybrid SWA models is one pool (``--iso-swa-layout sub-pool``: SGLang's)."""
     plan = plan_launch(["--model-path", "m"], cuda_available=True)
     assert plan.sglang_argv.count("--disable-hybrid-swa-memory") == 1 and "--disable-hybrid-swa-memory" in plan.added
     given = plan_launch(["--model-path", "m", "--disable-hybrid-swa-memory"], cuda_available=True)
