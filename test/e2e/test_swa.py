@@ -130,6 +130,8 @@ def test_the_swa_sub_pool_layout_is_refused_on_torch_native_and_with_the_owner_c
 
 
 SUBPOOL_FLAGS = (*SIZES, *DTYPE_FLAGS, "--attention-backend", "triton")
+TRACE_TOKENS = 2
+"""Output tokens per request of the differential trace (each decode step runs interpreted)."""
 """Both sub-pool servers: the Triton backend (SGLang's sliding layers translate ids there), in its interpreter."""
 
 
@@ -180,13 +182,13 @@ def test_the_sub_pool_tree_matches_upstream_on_a_random_multi_tenant_trace(
 ) -> None:
     """Upstream's SWA component is the oracle of window-bounded matches: the same trace (each tenant under its own
     ``extra_key`` upstream, its key here) gives every request the same cached tokens and output tokens."""
-    trace = conversation_trace(seed=11, steps=10)
+    trace = conversation_trace(seed=11, steps=8)
 
     def iso(tenant: str, ids: list[int]) -> dict:
-        return generate_to_length(subpool, keys[tenant], ids, NEW_TOKENS)
+        return generate_to_length(subpool, keys[tenant], ids, TRACE_TOKENS)
 
     def plain(tenant: str, ids: list[int]) -> dict:
-        sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        sampling = {"max_new_tokens": TRACE_TOKENS, "temperature": 0, "ignore_eos": True}
         body = {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
         status, out = request_json(upstream_subpool.base_url + "/generate", body)
         assert status == 200, out
