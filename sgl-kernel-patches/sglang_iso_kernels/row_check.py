@@ -58,8 +58,8 @@ def sanitize_rows(
         page_size: tokens per page, >= 1.
         zero_page: page id in ``[0, P)`` that is always zero.
         total_tokens: ``sum(seq_lens)`` as a host int (passed in so nothing syncs).
-        use_triton: True forces the Triton kernel, False torch, None Triton on CUDA or under
-            ``TRITON_INTERPRET=1``.
+        use_triton: True forces the Triton kernel (on CPU: under ``TRITON_INTERPRET=1``), False torch, None
+            Triton on CUDA and torch on CPU.
 
     Returns:
         ``[B]`` int32 refused slots per request (a device tensor; reading it is the caller's sync).

@@ -41,8 +41,8 @@ def scrub_pages(
         page_ids: ``[num_pages]`` int64 page ids (units: pages). Duplicates are harmless (zeroing twice).
         page_size: tokens (slots) per page, >= 1.
         use_triton: True forces the Triton kernel (one launch per row-size group, addresses passed as an
-            int64 tensor), False forces torch ``index_fill_``; None picks Triton on CUDA or under
-            ``TRITON_INTERPRET=1``.
+            int64 tensor; on CPU under ``TRITON_INTERPRET=1``), False forces torch ``index_fill_``; None picks
+            Triton on CUDA and torch on CPU.
 
     Raises:
         ValueError: a buffer is not a contiguous tensor on ``page_ids``'s device, ``page_ids`` is not 1-D
