@@ -160,6 +160,21 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "slot ids to the physical ids clear_slots takes (the zero state slot is cleared through it)",
     ),
     (
+        f"{_URC}:UnifiedRadixCache.insert",
+        ("self", "params"),
+        "overridden: only keys of a verified namespace insert",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache.protected_size",
+        ("self",),
+        "overridden: the owner check's zero page counts as protected",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_prefix",
+        ("self", "params"),
+        "the walk the hybrid cache runs before its namespace check (it raises on a foreign key)",
+    ),
+    (
         f"{_URC}:UnifiedRadixCache._match_tree",
         ("self", "params"),
         "overridden: the walk, then the namespace check before the components' finalizers",
