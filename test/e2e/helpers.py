@@ -388,3 +388,17 @@ def run_trace(trace: list[tuple[str, list[int]]], send: Callable[[str, list[int]
         replies[tuple(ids)] = list(out["output_ids"])
         results.append((int(out["meta_info"]["cached_tokens"]), list(out["output_ids"])))
     return results
+
+
+def upstream_under_extra_key(server: ServerProcess, new_tokens: int) -> Callable[[str, list[int]], dict]:
+    """A sender for :func:`run_trace` against plain upstream: each tenant's requests under its own ``extra_key``
+    (SGLang's tree keeps them apart), greedy, ``new_tokens`` tokens."""
+
+    def send(tenant: str, ids: list[int]) -> dict:
+        sampling = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+        body = {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
+        status, out = server.post("/generate", body, timeout_s=300)
+        assert status == 200, out
+        return out
+
+    return send

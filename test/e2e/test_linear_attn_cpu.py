@@ -46,6 +46,7 @@ from .helpers import (
     run_trace,
     server_info,
     tree_state,
+    upstream_under_extra_key,
 )
 
 pytestmark = pytest.mark.e2e
@@ -130,15 +131,7 @@ def test_differential_against_upstream_on_a_random_multi_tenant_trace(
     def iso(tenant: str, ids: list[int]) -> dict:
         return generate_to_length(server, keys[tenant], ids, NEW_TOKENS)
 
-    def plain(tenant: str, ids: list[int]) -> dict:
-        sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-        status, out = request_json(
-            upstream.base_url + "/generate", {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
-        )
-        assert status == 200, out
-        return out
-
-    ours, theirs = run_trace(trace, iso), run_trace(trace, plain)
+    ours, theirs = run_trace(trace, iso), run_trace(trace, upstream_under_extra_key(upstream, NEW_TOKENS))
     assert sum(1 for cached, _ in theirs if cached > 0) >= 3  # the trace reuses state in upstream
     assert ours == theirs
 

@@ -26,7 +26,6 @@ from sglang_iso_testing.process import (
     baseline_server_argv,
     free_port,
     iso_server_argv,
-    request_json,
 )
 from sglang_iso_testing.tenants import write_tenants_file as write_tenants
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, WINDOW, write_tiny_swa
@@ -41,6 +40,7 @@ from .helpers import (
     run_trace,
     server_info,
     tree_state,
+    upstream_under_extra_key,
     write_tenants_file,
 )
 
@@ -187,13 +187,6 @@ def test_the_sub_pool_tree_matches_upstream_on_a_random_multi_tenant_trace(
     def iso(tenant: str, ids: list[int]) -> dict:
         return generate_to_length(subpool, keys[tenant], ids, TRACE_TOKENS)
 
-    def plain(tenant: str, ids: list[int]) -> dict:
-        sampling = {"max_new_tokens": TRACE_TOKENS, "temperature": 0, "ignore_eos": True}
-        body = {"input_ids": ids, "sampling_params": sampling, "extra_key": tenant}
-        status, out = request_json(upstream_subpool.base_url + "/generate", body)
-        assert status == 200, out
-        return out
-
-    ours, theirs = run_trace(trace, iso), run_trace(trace, plain)
+    ours, theirs = run_trace(trace, iso), run_trace(trace, upstream_under_extra_key(upstream_subpool, TRACE_TOKENS))
     assert sum(1 for cached, _ in theirs if cached > 0) >= 2  # the trace reuses windows in upstream
     assert ours == theirs
