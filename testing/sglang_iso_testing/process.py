@@ -99,7 +99,8 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
             )
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.keep_log = True
@@ -107,6 +108,7 @@ class ServerProcess:
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
                     if r.status == 200:
+                        self._record_start(time.monotonic() - started)
                         return self
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
@@ -114,6 +116,16 @@ class ServerProcess:
         self.keep_log = True
         self.stop()
         raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
+
+    def _record_start(self, seconds: float) -> None:
+        """Append how long the start took to ``$SGLANG_ISO_START_LOG`` (a JSON line per start), when set: where a
+        test run spends its time starting servers."""
+        path = os.environ.get("SGLANG_ISO_START_LOG")
+        if not path:
+            return
+        row = {"seconds": round(seconds, 1), "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": self.argv[1:4]}
+        with contextlib.suppress(OSError), open(path, "a") as out:
+            out.write(json.dumps(row) + "\n")
 
     def stop(self) -> None:
         """Kill the whole process group (SIGTERM, then SIGKILL); remove its temporary files, and a temp log
