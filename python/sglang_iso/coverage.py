@@ -341,12 +341,13 @@ FAMILIES: tuple[Family, ...] = (
         "no sinks)",
     ),
     Family(
-        "hybrid SWA in SGLang's SWA sub-pool layout (`--iso-swa-layout sub-pool`, Triton backend, owner check off)",
+        "hybrid SWA in SGLang's SWA sub-pool layout (`--iso-swa-layout sub-pool`, Triton backend)",
         "SWAKVPool",
         "served with tenants",
         "`test/e2e/test_swa.py` (Laguna-shaped on Triton, interpreted): SGLang's unified tree with its SWA component "
-        "under the namespace check (`integration/hybrid_cache.py`), differential against upstream; scrub of both "
-        "sub-pools: `test/integration/test_swa_scrub.py`",
+        "under the namespace check (`integration/hybrid_cache.py`), differential against upstream; owner check of "
+        "both sub-pools (`integration/swa_owner.py`: planted full slot and planted sliding-window map entry); scrub "
+        "of both sub-pools: `test/integration/test_swa_scrub.py`",
     ),
     Family(
         "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",
@@ -599,12 +600,6 @@ def _hybrid_swa_backend(f: Features) -> str | None:
     )
 
 
-def _owner_swa(f: Features) -> str | None:
-    if not f.kv_owner_check or not f.hybrid_swa:
-        return None
-    return "hybrid SWA models in SGLang's SWA sub-pool layout (the sliding layers' ids are not translated)"
-
-
 def _attr(flag: str) -> str:
     """The ``ServerArgs`` attribute of an SGLang flag."""
     return flag.removeprefix("--").replace("-", "_")
@@ -752,7 +747,6 @@ ROWS: tuple[Row, ...] = (
         "tree",
         _hybrid_swa_backend,
     ),
-    Row("`--kv-owner-check on` with hybrid SWA models in SGLang's SWA sub-pool layout", _S, "owner-check", _owner_swa),
     *(
         Row(f"hybrid SSM/Mamba models or the SWA sub-pool layout with `{flag}`", _LS, "tree", _hybrid_ssm_flag(flag))
         for flag in HYBRID_SSM_FLAGS

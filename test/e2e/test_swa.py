@@ -8,7 +8,12 @@ positive controls in the same run: the same tenant's repeat of a prompt five win
 another tenant misses, and every output equals the no-cache one (the sliding layers of a cached prefix read
 only their window); a foreign slot planted into a request's row is redirected to the zero page and the request
 aborted; after pool pressure every free page is zero. Started without the launcher's flag (SGLang's own
-launcher with the tenant cache), the SWA sub-pool layout is refused at start, naming the flag that serves it.
+launcher with the tenant cache), the SWA sub-pool layout is refused on torch_native, naming the backend.
+
+With ``--iso-swa-layout sub-pool`` on Triton (interpreted) the model runs in SGLang's SWA sub-pool layout on the
+hybrid tree: same-tenant hit, cross-tenant miss, equal outputs, a differential against upstream's sub-pool server,
+both owner checks (a planted full-pool slot, a planted sliding-window map entry: each redirected to a zero page and
+the request aborted) and every free page of both sub-pools zero after pressure.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from sglang_iso import envvars
+from sglang_iso_testing.plant import COMMAND as PLANT
 from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import (
     ServerProcess,
@@ -36,6 +42,8 @@ from .helpers import (
     assert_planted_slot_aborts,
     conversation_trace,
     generate_to_length,
+    internal_command,
+    post_ids,
     random_prompt,
     run_trace,
     server_info,
@@ -113,10 +121,10 @@ def test_after_pool_pressure_every_free_page_is_zero(server: ServerProcess, keys
     assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
 
 
-def test_the_swa_sub_pool_layout_is_refused_on_torch_native_and_with_the_owner_check(model: Path) -> None:
+def test_the_swa_sub_pool_layout_is_refused_on_torch_native(model: Path) -> None:
     """SGLang's own launcher with the tenant cache and without the launcher's flag: SGLang builds its SWA sub-pool
-    layout on its CPU default backend, and the tenant cache factory refuses it, naming the backend and the owner
-    check (the sub-pool server below is the control). (The comparison server registers sglang-iso's hooks and
+    layout on its CPU default backend, and the tenant cache factory refuses it, naming the backend (the sub-pool
+    server below, on Triton, is the control). (The comparison server registers sglang-iso's hooks and
     backend only when the tenant cache is required.)"""
     port = free_port()
     argv = baseline_server_argv(port, model, *SIZES, "--radix-cache-backend", "tenant")
@@ -126,7 +134,6 @@ def test_the_swa_sub_pool_layout_is_refused_on_torch_native_and_with_the_owner_c
     srv.keep_log = False  # an expected refusal: its log tail is in the error
     srv.stop()
     assert "SWA sub-pool layout on the torch_native attention backend" in str(err.value)
-    assert "--kv-owner-check on does not cover hybrid SWA models in SGLang's SWA sub-pool layout" in str(err.value)
 
 
 SUBPOOL_FLAGS = (*SIZES, *DTYPE_FLAGS, "--attention-backend", "triton")
@@ -140,9 +147,8 @@ def subpool(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[st
     tenants = {"acme": {"cache": "private"}, "globex": {"cache": "private"}}
     path = write_tenants(tmp_path_factory.mktemp("subpool-tenants"), tenants, keys=keys).path
     port = free_port()
-    argv = iso_server_argv(port, model, *SUBPOOL_FLAGS, "--tenants-file", str(path), "--iso-swa-layout", "sub-pool",
-                           "--kv-owner-check", "off")  # fmt: skip
-    srv = ServerProcess(argv, port, env={"TRITON_INTERPRET": "1"})
+    argv = iso_server_argv(port, model, *SUBPOOL_FLAGS, "--tenants-file", str(path), "--iso-swa-layout", "sub-pool")
+    srv = ServerProcess(argv, port, env={"TRITON_INTERPRET": "1", **plant_env()})
     try:
         srv.start(timeout_s=400)
         yield srv
@@ -166,7 +172,7 @@ def test_the_sub_pool_layout_is_served_on_the_hybrid_tree_with_both_sub_pools_sc
 ) -> None:
     tree = tree_state(subpool, keys["admin"])
     assert tree["impl"] == "TenantHybridCache" and tree["kv_pool"] == "SWAKVPool"
-    assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "off"
+    assert tree["kv_scrub"] == "on-free" and tree["kv_owner_check"] == "on"
     assert "hybrid_swa=True" in subpool.log_text()
     prompt = random_prompt(PROMPT_LEN)
     first = generate_to_length(subpool, keys["acme"], prompt, NEW_TOKENS)
@@ -175,6 +181,32 @@ def test_the_sub_pool_layout_is_served_on_the_hybrid_tree_with_both_sub_pools_sc
     other = generate_to_length(subpool, keys["globex"], prompt, NEW_TOKENS)
     assert other["meta_info"]["cached_tokens"] == 0  # isolation
     assert repeat["output_ids"] == first["output_ids"] == other["output_ids"]
+    tree = tree_state(subpool, keys["admin"])
+    assert tree["owner_violations"] == 0 and tree["owner_swa_violations"] == 0
+
+
+def test_in_the_sub_pool_layout_a_planted_full_slot_and_a_planted_window_entry_abort(
+    subpool: ServerProcess, keys: dict[str, str]
+) -> None:
+    """The rows' check (a foreign full-pool slot) and the sliding-window check (a map entry pointed at another
+    owner's sliding-window page) each redirect, count and abort; acme's next request is served (control)."""
+    assert_planted_slot_aborts(subpool, keys, PROMPT_LEN, TRACE_TOKENS)
+    before = tree_state(subpool, keys["admin"])["owner_swa_violations"]
+    assert internal_command(subpool, keys["admin"], PLANT + "swa:acme")
+    status, out = post_ids(subpool, keys["acme"], random_prompt(12), TRACE_TOKENS)
+    assert (status == 200 and out["meta_info"]["finish_reason"]["type"] == "abort") or 400 <= status < 500, out
+    assert "isolation violation" in str(out)
+    assert tree_state(subpool, keys["admin"])["owner_swa_violations"] > before
+    plugin = server_info(subpool, keys["admin"])["internal_states"][0]["sglang_iso_testing"]
+    assert plugin["planted_swa_redirected"] >= 1  # its sliding layers read the zero page
+    served = generate_to_length(subpool, keys["acme"], random_prompt(12), TRACE_TOKENS)
+    assert served["meta_info"]["finish_reason"]["type"] != "abort"  # positive control
+
+
+def test_in_the_sub_pool_layout_every_free_page_of_both_sub_pools_is_zero_after_pressure(
+    subpool: ServerProcess, keys: dict[str, str]
+) -> None:
+    assert_free_pages_zero_after_pressure(subpool, keys, POOL_TOKENS, TRACE_TOKENS)
 
 
 def test_the_sub_pool_tree_matches_upstream_on_a_random_multi_tenant_trace(

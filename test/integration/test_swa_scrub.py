@@ -5,8 +5,8 @@ an allocator each, joined by a full -> SWA slot map. Every path by which a slot 
 its allocator must end in a zeroed slot before the slot is handed out again: a whole release (``free``: tree
 eviction, request end), SGLang's out-of-window free of a running request's early SWA slots
 (``free_swa_segment``, which never passes the tree) and grouped frees. Slots still in use keep their data
-(poison written everywhere first). Hybrid SWA models stay refused at start until the tenant tree has SWA
-semantics; this is the pool-level part.
+(poison written everywhere first). This is the pool-level part of the SWA sub-pool layout (served end to end in
+``test/e2e/test_swa.py``).
 """
 
 from __future__ import annotations
@@ -128,12 +128,19 @@ def test_what_the_swa_scrubber_would_miss_is_refused() -> None:
         make_scrubber(allocator, rows)
 
 
-def test_hybrid_swa_models_are_still_refused_at_start() -> None:
-    """The pool is covered; the tenant tree's SWA semantics are not yet: the scheduler refuses by name."""
+def test_the_sub_pool_layout_is_served_with_the_owner_check_and_refused_on_torch_native_by_name() -> None:
+    """Both sub-pools are covered by scrub and the owner check; SGLang's torch_native backend reads the sliding
+    layers with untranslated ids, so that combination is refused by name (Triton is the control)."""
     pool, _, _ = _build(1)
     unscrubbed = unscrubbed_tensors(pool)
-    features = coverage.Features(
-        stage="scheduler", kv_pool_class=type(pool).__name__, hybrid_swa=True, unscrubbed_tensors=unscrubbed
-    )
-    refused = [r.feature for r in coverage.refusals(features)]
-    assert any("hybrid SWA" in feature for feature in refused), refused
+    assert unscrubbed == frozenset()
+
+    def refused(backend: str) -> list[str]:
+        features = coverage.Features(
+            stage="scheduler", kv_pool_class=type(pool).__name__, hybrid_swa=True, unscrubbed_tensors=unscrubbed,
+            kv_owner_check=True, attention_backends=frozenset({backend}),
+        )  # fmt: skip
+        return [r.feature for r in coverage.refusals(features)]
+
+    assert refused("triton") == []
+    assert any("torch_native" in feature for feature in refused("torch_native")), refused("torch_native")

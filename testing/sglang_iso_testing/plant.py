@@ -10,7 +10,8 @@ The next forward of a request of ``<tenant>`` (``verify:<tenant>``: its next spe
 forward; ``draft_forward:<tenant>``: its next forward of a draft model; ``draft:<tenant>``: its next
 speculative decode step, before the draft plans attention, see :mod:`sglang_iso_testing.spec_plant`;
 ``state:<tenant>``: its next forward on a hybrid linear-attention model, whose recurrent-state slot is pointed at
-another namespace's tree snapshot)
+another namespace's tree snapshot; ``swa:<tenant>``: its next forward in SGLang's SWA sub-pool layout, whose first
+column's sliding-window map entry is pointed at another owner's sliding-window page)
 gets, at position 0 of its ``req_to_token`` row, one slot of a page another owner holds.
 The owner check must redirect it to the zero page and abort the request; before the abort this plugin
 records whether the redirected slot reads the all-zero page and gives the row its own slot back.
@@ -51,6 +52,8 @@ class _PlantState:
         self.planted_read_zero = 0  # planted slots found redirected to the (all-zero) zero page
         self.planted_state: dict[int, int] = {}  # row -> its own recurrent-state slot, while a foreign one is planted
         self.planted_state_redirected = 0  # planted state slots found replaced by the zero state slot
+        self.planted_swa: dict[int, tuple[int, int]] = {}  # row -> (its full slot, that slot's own SWA slot)
+        self.planted_swa_redirected = 0  # planted map entries found pointed at the sliding-window zero page
 
 
 _STATE = _PlantState()
@@ -88,8 +91,34 @@ def plant_before_forward(model_runner: Any, forward_batch: Any, *args: Any, **kw
         kind: str | None = "draft_forward"
     else:
         kind = "verify" if forward_batch.forward_mode.is_target_verify() else None
-    if not plant_rows(table, rows.tolist(), req_to_token, kind) and table.state is not None:
+    if plant_rows(table, rows.tolist(), req_to_token, kind):
+        return
+    if table.state is not None:
         _plant_state(table, rows.tolist())
+    if table.swa is not None:
+        _plant_swa(table, rows.tolist(), req_to_token)
+
+
+def _plant_swa(table: Any, rows: list[int], req_to_token: Any) -> bool:
+    """``swa:<tenant>``: point the sliding-window map entry of the first armed row's first column at a page another
+    owner holds in the sliding-window sub-pool."""
+    swa = table.swa
+    for row in rows:
+        owner = int(table.row_owner[row])
+        armed = f"swa:{tenant_of(table.namespace_of(owner))}"
+        if owner < 0 or armed not in _STATE.armed:
+            continue
+        foreign = ((swa.page_owner != owner) & (swa.page_owner > table.zero_owner)).nonzero().flatten()
+        if foreign.numel() == 0:
+            return False
+        full = int(req_to_token[row, 0])
+        _STATE.armed.discard(armed)
+        _STATE.planted_swa[row] = (full, int(swa.mapping[full]))
+        _STATE.planted_count += 1
+        swa.mapping[full] = int(foreign[0]) * swa.page_size
+        logger.warning("sglang-iso: TEST plant of a foreign sliding-window page into row %d", row)
+        return True
+    return False
 
 
 def _plant_state(table: Any, rows: list[int]) -> bool:
@@ -134,7 +163,7 @@ def plant_rows(table: Any, rows: list[int], req_to_token: Any, kind: str | None)
 def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``process_batch_result`` (outside the owner check's abort): read the planted slot back, restore it."""
     table = _table()
-    if table is None or batch is None or not (_STATE.planted or _STATE.planted_state):
+    if table is None or batch is None or not (_STATE.planted or _STATE.planted_state or _STATE.planted_swa):
         return
     table.drain()  # NOTE: the owner check's own drain then finds nothing pending; the rows to abort stay marked
     req_to_token = table.cache.req_to_token_pool.req_to_token
@@ -142,6 +171,11 @@ def restore_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any
         row = req.kv.req_pool_idx
         if row is None or int(row) not in table.violating_rows:
             continue
+        if int(row) in _STATE.planted_swa:
+            full, own = _STATE.planted_swa.pop(int(row))
+            swa = table.swa
+            _STATE.planted_swa_redirected += int(swa.mapping[full]) // swa.page_size == swa.zero_page
+            swa.mapping[full] = own  # its own sliding-window slot back
         if int(row) in _STATE.planted_state:
             mapping = table.cache.req_to_token_pool.req_index_to_mamba_index_mapping
             _STATE.planted_state_redirected += int(mapping[int(row)]) == table.state.zero_slot
@@ -176,6 +210,7 @@ def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
             "planted": _STATE.planted_count,
             "planted_read_zero": _STATE.planted_read_zero,
             "planted_state_redirected": _STATE.planted_state_redirected,
+            "planted_swa_redirected": _STATE.planted_swa_redirected,
             **spec_plant.COUNTERS,
         }
 
@@ -213,5 +248,5 @@ def _reads_zero(table: Any, slot: int) -> bool:
     if slot // table.page_size != table.zero_page:
         return False
     lo, hi = table.zero_page * table.page_size, (table.zero_page + 1) * table.page_size
-    buffers = kv_buffers(table.cache.token_to_kv_pool_allocator.get_kvcache()) + list(table.draft_buffers)
+    buffers = kv_buffers(table.kv_allocator.get_kvcache()) + list(table.draft_buffers)
     return bool(buffers) and all(int(torch.count_nonzero(b[lo:hi])) == 0 for b in buffers)

@@ -156,20 +156,31 @@ def _free_state_holding_data(table: Any, *, selftest: bool) -> int:
 
 
 def _free_pages_holding_data(table: Any, *, selftest: bool) -> int:
-    """After zeroing every pending freed page, count free pages with a non-zero byte in any KV buffer."""
-    import torch
-
-    from sglang_iso.integration.scrub import kv_buffers
-
+    """After zeroing every pending freed page, count free pages with a non-zero byte in any KV buffer: of both
+    sub-pools in SGLang's SWA sub-pool layout (the self-test dirties one free page of each in turn, and the count is
+    the smallest found, so each sub-pool's check must find its page)."""
     cache = table.cache
     allocator = cache.token_to_kv_pool_allocator
     if cache.scrubber is not None:
         cache.scrubber.flush()
+    if table.swa is not None:
+        found = [_dirty_free_pages(table.kv_allocator, [], selftest), _dirty_free_pages(table.swa.sub, [], selftest)]
+    else:
+        found = [_dirty_free_pages(allocator, list(table.draft_buffers), selftest)]
+    COUNTERS["free_pages_holding_data"] = min(found) if selftest else sum(found)
+    return COUNTERS["free_pages_holding_data"]
+
+
+def _dirty_free_pages(allocator: Any, draft: list[Any], selftest: bool) -> int:
+    """Free pages of ``allocator`` with a non-zero byte in its pool's buffers (or ``draft``'s)."""
+    import torch
+
+    from sglang_iso.integration.scrub import kv_buffers
+
     if hasattr(allocator, "get_all_free_pages"):
         pages = allocator.get_all_free_pages()
     else:
         pages = torch.cat([allocator.free_pages, allocator.release_pages])
-    draft = list(table.draft_buffers)
     buffers = kv_buffers(allocator.get_kvcache()) + draft
     size = int(allocator.page_size)
     pages = pages.to(torch.int64)
@@ -184,5 +195,4 @@ def _free_pages_holding_data(table: Any, *, selftest: bool) -> int:
         dirty |= buf[slots].reshape(pages.numel(), -1).ne(0).any(dim=1)
     if selftest:
         target[slots[:size]] = 0
-    COUNTERS["free_pages_holding_data"] = int(dirty.sum())
-    return COUNTERS["free_pages_holding_data"]
+    return int(dirty.sum())

@@ -18,6 +18,10 @@ layer's KV in its own sub-pool, tombstoned outside the window, matches bounded b
   becomes a miss before any state or KV of it is handed out (counted, logged: fail closed).
 * **Scrub.** Freed KV pages are zeroed by the KV scrubber (one per sub-pool in the SWA layout) and freed state slots
   by :class:`~sglang_iso.integration.mamba_scrub.MambaScrubber` (both set by the factory).
+* **Owner check.** The KV owner check sanitizes the rows (full-pool slots) before every forward; in the SWA layout it
+  also checks the sliding-window map entries those rows' sliding layers read
+  (:mod:`~sglang_iso.integration.swa_owner`), and for linear-attention models each row's state slot
+  (:mod:`~sglang_iso.integration.state_owner`).
 * **Erase.** ``erase_owner`` drops the unlocked nodes of an owner's namespaces (KV pages and state snapshots),
   leaf by leaf through SGLang's own leaf eviction, which frees both.
 
@@ -190,6 +194,10 @@ class TenantHybridCache(UnifiedRadixCache):
     def mamba_protected_size(self) -> int:
         state = self.page_owners.state if self.page_owners is not None else None
         return super().mamba_protected_size() + (state.reserved if state is not None else 0)
+
+    def swa_protected_size(self) -> int:
+        swa = self.page_owners.swa if self.page_owners is not None else None
+        return super().swa_protected_size() + (swa.reserved if swa is not None else 0)
 
     def _reserved(self) -> int:
         # NOTE: the owner check's zero page is taken from the pool for good: it counts as locked cache, so SGLang's

@@ -49,6 +49,7 @@ from sglang_iso.integration.allocator_tap import Order
 if TYPE_CHECKING:
     from sglang_iso.integration.scrub import PoolTensors
     from sglang_iso.integration.state_owner import StateOwners
+    from sglang_iso.integration.swa_owner import SwaOwners
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +90,16 @@ class OwnerTable:
     """Owner slots of pages and rows for one KV pool. Scheduler thread only."""
 
     def __init__(self, cache: Any) -> None:
+        from sglang_iso.integration.swa_owner import is_swa_sub_pool
+
         self.cache = cache
         allocator = cache.token_to_kv_pool_allocator
+        self.swa_layout = is_swa_sub_pool(allocator)
+        # NOTE: in SGLang's SWA sub-pool layout the rows hold full-pool slots: that sub-allocator is the pool here.
+        self.kv_allocator = allocator.full_attn_allocator if self.swa_layout else allocator
         self.page_size = int(allocator.page_size)
         device = cache.device
-        num_pages = allocator.size // self.page_size + 2
+        num_pages = int(self.kv_allocator.size) // self.page_size + 2
         self.page_owner = torch.full((num_pages,), FREE, dtype=torch.int32, device=device)
         rows = cache.req_to_token_pool.req_to_token.shape[0]
         self.row_owner = torch.full((rows,), FREE, dtype=torch.int32, device=device)
@@ -116,6 +122,15 @@ class OwnerTable:
         self.allowed[:, 0] = self.zero_owner  # everyone may read the zero page
         self.zero_page = self._reserve_zero_page()
         self.state: StateOwners | None = None  # recurrent-state slots of a hybrid linear-attention row pool
+        self.swa: SwaOwners | None = None  # sliding-window pages of an SWA hybrid pool in the sub-pool layout
+        if self.swa_layout:
+            from sglang_iso.integration.swa_owner import SwaOwners
+
+            window = getattr(cache, "swa_retain_window", None)  # (the model's window, or wider)
+            if not window:
+                raise RuntimeError("sglang-iso: an SWA sub-pool without a sliding window size")
+            self.swa = SwaOwners(allocator, int(window), self.zero_owner)
+            self.swa.map_zero(self.zero_page)
         rows_pool = cache.req_to_token_pool
         if getattr(rows_pool, "mamba_pool", None) is not None:
             from sglang_iso.integration.state_owner import StateOwners
@@ -124,8 +139,7 @@ class OwnerTable:
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
-        allocator = self.cache.token_to_kv_pool_allocator
-        slots = allocator.alloc(self.page_size)
+        slots = self.kv_allocator.alloc(self.page_size)
         if slots is None:
             raise RuntimeError("sglang-iso: could not reserve the zero page for the owner check")
         page = int(slots[0]) // self.page_size
@@ -137,7 +151,7 @@ class OwnerTable:
         """Zero ``page`` in every page-indexed tensor of the target and draft pools."""
         from sglang_iso.integration.scrub import PoolTensors, pool_tensors, zero_pages
 
-        tensors = pool_tensors(self.cache.token_to_kv_pool_allocator.get_kvcache())
+        tensors = pool_tensors(self.kv_allocator.get_kvcache())
         tensors = tensors.joined(PoolTensors(self.draft_buffers, self.draft_page_buffers, []))
         zero_pages(tensors, torch.tensor([page], dtype=torch.int64, device=self.page_owner.device), self.page_size)
 
@@ -146,10 +160,19 @@ class OwnerTable:
         """Subscribe to the allocator's release and clear and the row pool's alloc and free_rows
         (:mod:`~sglang_iso.integration.allocator_tap`: inside the PD quarantine, outside the scrubber)."""
         alloc = self.cache.token_to_kv_pool_allocator
-        tap = allocator_tap.tap_of(alloc)
-        tap.subscribe("clear", Order.OWNER, self._clear)
-        paged = allocator_tap.is_paged(alloc)
-        tap.subscribe(allocator_tap.RELEASE, Order.OWNER, self._release_paged if paged else self._free)
+        allocator_tap.tap_of(alloc).subscribe("clear", Order.OWNER, self._clear)
+        paged = allocator_tap.is_paged(self.kv_allocator)
+        allocator_tap.tap_of(self.kv_allocator).subscribe(
+            allocator_tap.RELEASE, Order.OWNER, self._release_paged if paged else self._free
+        )
+        if self.swa is not None:
+            sub = allocator_tap.tap_of(self.swa.sub)
+            sub.subscribe(
+                allocator_tap.RELEASE,
+                Order.OWNER,
+                self.swa.release_paged if allocator_tap.is_paged(self.swa.sub) else self.swa.release_slots,
+            )
+            allocator_tap.tap_of(alloc).subscribe("clear_full_to_swa_mapping", Order.OWNER, self.swa.restore_map)
         rows = allocator_tap.tap_of(self.cache.req_to_token_pool)
         rows.subscribe("alloc", Order.OWNER, self._alloc_rows)
         rows.subscribe("free_rows", Order.OWNER, self._free_rows)
@@ -161,6 +184,8 @@ class OwnerTable:
             self.zero_page,
             "" if self.state is None else f", zero state slot {self.state.zero_slot}",
         )
+        if self.swa is not None:
+            logger.info("sglang-iso: sliding-window sub-pool owner check (zero page %d)", self.swa.zero_page)
         return self
 
     # ------------------------------------------------------------------ tap layers
@@ -169,6 +194,8 @@ class OwnerTable:
         below()
         self.page_owner.fill_(FREE)
         self.zero_page = self._reserve_zero_page()
+        if self.swa is not None:
+            self.swa.reset(self.zero_page)
 
     def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
         # The zero page is never released: a row slot replaced by it must not free it.
@@ -181,7 +208,7 @@ class OwnerTable:
         if args and args[0].numel():
             slots = args[0]
             args = (slots[slots // self.page_size != self.zero_page], *args[1:])
-            if self.cache.token_to_kv_pool_allocator.free_group is None:
+            if self.kv_allocator.free_group is None:
                 self.page_owner[args[0].to(torch.int64) // self.page_size] = FREE
         return below(*args)
 
@@ -285,6 +312,25 @@ class OwnerTable:
             write_start, seq_lens = seq_lens, seq_lens + drafts
             total = int(total) + drafts * int(rows.numel())
         self.check_window(rows, seq_lens, write_start, int(total))
+        if self.swa is not None:
+            self._check_swa(self.swa, rows, seq_lens, write_start)
+
+    def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
+        """The sliding-window sub-pool's check (:mod:`~sglang_iso.integration.swa_owner`), after the rows'."""
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+
+        row_list = [int(r) for r in rows.tolist()]
+        floors = []
+        for row in row_list:
+            ref = self._row_req.get(row)
+            kv = getattr(ref() if ref is not None else None, "kv", None)
+            # NOTE: without its request the cursor is unknown: 0 checks more columns, never fewer (fail closed)
+            floors.append(int(kv.get_evicted_seqlen(ComponentType.SWA)) if kv is not None else 0)
+        owners = [int(o) for o in self.row_owner[rows.to(torch.int64)].tolist()]
+        req_to_token = self.cache.req_to_token_pool.req_to_token
+        refused = swa.check(req_to_token, row_list, owners, ends.tolist(), write_start.tolist(), floors)
+        for row, count in refused:
+            self._count_violation(row, count, "sliding-window KV slots")
 
     def check_window(
         self, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor, total: int, *, draft_step: bool = False
@@ -385,12 +431,16 @@ class OwnerTable:
         self._zero(self.zero_page)
         if self.state is not None:
             self.state.rezero()
+        if self.swa is not None:
+            self.swa.zero()
 
     def status(self) -> dict[str, int]:
         """Counters for /get_server_info."""
         out = {"owner_violations": self.violations, "owner_draft_step_checks": self.draft_step_checks}
         if self.state is not None:
             out["owner_state_violations"] = self.state.violations
+        if self.swa is not None:
+            out["owner_swa_violations"] = self.swa.violations
         return out
 
     def namespace_of(self, slot: int) -> str | None:

@@ -189,9 +189,6 @@ class SwaScrubber:
     whatever path it takes: a tree eviction or request release (``free`` = ``free_swa`` + ``free_full``), SGLang's
     out-of-window frees of running requests (``free_swa_segment``, which bypasses the tree) and grouped frees
     (``free_group_end``). Request rows are reset by the full side's scrubber. Single-threaded (scheduler thread).
-
-    Not yet reachable from serving: the coverage table refuses hybrid SWA models at start until the tenant tree
-    has SWA semantics (see :mod:`sglang_iso.coverage`).
     """
 
     def __init__(self, allocator: Any, req_to_token_pool: Any, forward_stream: Any = None) -> None:

@@ -224,6 +224,36 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("self", "req", "is_finished"),
         "a request outside any namespace releases its component state as SGLang's disabled tree does",
     ),
+    (
+        f"{_URC}:UnifiedRadixCache.swa_protected_size",
+        ("self",),
+        "overridden: the owner check's sliding-window zero page counts as protected in SGLang's idle accounting",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.clear_full_to_swa_mapping",
+        ("self", "full_indices"),
+        "wrapped on the instance: the full zero page keeps its entries pointing at the sliding-window zero page",
+    ),
+    (
+        "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.__init__",
+        ("self", "size", "size_swa", "page_size"),
+        "full_attn_allocator, swa_attn_allocator and full_to_swa_index_mapping: the owner check's two tables",
+    ),
+    (
+        "sglang.srt.mem_cache.unified_cache.components:ComponentType",
+        (),
+        "ComponentType.SWA names the sliding-window eviction cursor of a request",
+    ),
+    (
+        "sglang.srt.managers.schedule_batch:ReqKvInfo.get_evicted_seqlen",
+        ("self", "component_type"),
+        "a request's SWA eviction cursor: the sliding-window check starts no lower",
+    ),
+    (
+        f"{_BPC}:BasePrefixCache.swa_retain_window",
+        (),
+        "the window SGLang keeps live behind a request: the sliding-window check reads no further back",
+    ),
     (f"{_BPC}:EvictParams", ("num_tokens",), "evict argument"),
     (f"{_BPC}:EvictResult", ("num_tokens_evicted",), "evict result"),
     (f"{_BPC}:InsertResult", ("prefix_len",), "insert result"),
