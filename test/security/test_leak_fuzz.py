@@ -39,14 +39,19 @@ def test_fuzzed_workload_on_an_mla_moe_model_leaks_nothing(tmp_path: Path) -> No
 
 
 def test_fuzzed_workload_on_a_sliding_window_hybrid_leaks_nothing(tmp_path: Path) -> None:
-    """The same workload (without adapters) on a tiny Laguna-shaped model: sliding and full attention layers in
-    turn, served in the one-pool layout the launcher selects (the window an attention mask)."""
-    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False)
+    """The same workload (without adapters, quotas or shared prefixes) on a tiny Laguna-shaped model: sliding and
+    full attention layers in turn, in SGLang's SWA sub-pool layout (``--iso-swa-layout sub-pool``, Triton in its
+    interpreter): the hybrid tree with its SWA component, both sub-pools scrubbed and owner-checked. (The one-pool
+    layout, the launcher's default, is the dense pool of the first test; ``test/e2e/test_swa.py`` serves it.)"""
+    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, limits=False)
     model = write_tiny_swa(tmp_path / "tiny-swa")
-    server = start_iso_server(*server_flags(tenants_file, lora=False), *DTYPE_FLAGS, model=model)
-    run = fuzz_on(server, tenants, admin, seed=3, ops=80, max_seconds=200)
-    assert_clean_run(run.report, run.problems, min_requests=40)
-    assert run.tree["kv_pool"] == "MHATokenToKVPool" and run.tree["owner_violations"] == 0, run.tree
+    flags = (*server_flags(tenants_file, lora=False), *DTYPE_FLAGS, "--attention-backend", "triton",
+             "--iso-swa-layout", "sub-pool")  # fmt: skip
+    server = start_iso_server(*flags, model=model, env={"TRITON_INTERPRET": "1"})
+    run = fuzz_on(server, tenants, admin, seed=3, ops=60, max_seconds=75)
+    assert_clean_run(run.report, run.problems, min_requests=16)
+    assert run.tree["kv_pool"] == "SWAKVPool" and run.tree["impl"] == "TenantHybridCache", run.tree
+    assert run.tree["owner_violations"] == 0 and run.tree["owner_swa_violations"] == 0, run.tree
 
 
 def test_fuzzed_workload_on_a_hybrid_linear_attention_model_leaks_nothing(tmp_path: Path) -> None:
