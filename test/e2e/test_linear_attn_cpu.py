@@ -1,6 +1,6 @@
 """A hybrid linear-attention model served on CPU, upstream and through sglang-iso with tenants.
 
-A tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, dummy
+A tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, seeded
 weights) whose GDN layers run the torch stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites.
 Upstream SGLang (``python -m sglang_iso.baseline_server``) serves it deterministically. sglang-iso serves it with a
 tenants file, the owner check on and the test plugins loaded: its tree is SGLang's unified tree with the Mamba
@@ -11,8 +11,9 @@ give the same tokens; a forged tag shares nothing; a planted foreign KV slot is 
 after pool pressure every free KV page is zero; an erase drops only its tenant's nodes. Flags the hybrid tree does
 not cover are refused at start, naming them.
 
-NOTE: with dummy weights the model's next token follows the last prompt token whatever the state (a weak oracle of
-the state itself); what these tests show is where state and KV are reused, not that a reused state is right.
+The seeded weights make every reply depend on its whole context: a hit on a state snapshot gives the tokens a
+recomputation gives, and the same last tokens after another context give other tokens (shown in the same run), so
+equal outputs say that the reused state is the right one.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def test_a_tenants_continuation_hits_its_state_another_tenant_misses_with_the_sa
     other = generate_to_length(server, keys["globex"], follow, NEW_TOKENS)  # isolation: the same tokens
     assert other["meta_info"]["cached_tokens"] == 0
     assert other["output_ids"] == hit["output_ids"]  # a hit computes what a miss does
+    elsewhere = [*random_prompt(40), *follow[-8:]]  # the same last tokens after another context
+    assert generate_to_length(server, keys["globex"], elsewhere, NEW_TOKENS)["output_ids"] != hit["output_ids"]
     off = generate_to_length(server, keys["initech"], follow, NEW_TOKENS)  # cache off: never shares
     assert off["meta_info"]["cached_tokens"] == 0
     tree = tree_state(server, keys["admin"])

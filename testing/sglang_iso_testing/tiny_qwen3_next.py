@@ -1,5 +1,7 @@
 """A tiny Qwen3-Next-shaped hybrid linear-attention model (GDN and full attention layers in turn, MoE), written at
-test time without weights: served with ``--load-format dummy``, which is enough to run every layer's CPU path.
+test time with seeded weights (checkpoint names as Qwen3-Next's, one tensor per expert), scaled so that every
+layer changes the output: a reply depends on the whole context, the recurrent state included, so a request that
+ran on the wrong state answers differently (SGLang's ``--load-format dummy`` gives a model that echoes its last token).
 
 Two GDN layers and two full-attention layers (``full_attention_interval`` 2), 4 experts with 2 per token and a
 shared expert; the tokenizer is the bundled tiny model's. SGLang keeps each request's recurrent state in a
@@ -11,13 +13,16 @@ server runs with ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from sglang_iso_testing.seeded_model import write_model_dir
+import torch
+
+from sglang_iso_testing.seeded_model import unit_draws, write_model_dir
 
 SERVE_FLAGS = (
-    "--load-format", "dummy", "--dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
+    "--dtype", "float32", "--mamba-radix-cache-strategy", "no_buffer",
     "--disable-overlap-schedule", "--max-mamba-cache-size", "128",
 )  # fmt: skip
 
@@ -58,6 +63,64 @@ def qwen3_next_config() -> dict[str, Any]:
     }
 
 
-def write_tiny_qwen3_next(directory: Path) -> Path:
-    """Write ``config.json`` and the bundled tokenizer (no weights) to ``directory``; returns it."""
-    return write_model_dir(directory, qwen3_next_config(), None)
+def write_tiny_qwen3_next(directory: Path, *, seed: int = 0) -> Path:
+    """Write the model directory (config, the bundled tokenizer, seeded weights) to ``directory``; returns it."""
+    config = qwen3_next_config()
+    return write_model_dir(directory, config, _weights(config, seed))
+
+
+def _weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Seeded weights under Qwen3-Next's checkpoint names. Its RMS norms are zero-centred (``x * (1 + w)``): zeros
+    are the identity there; the GDN output norm is a plain one (ones)."""
+    gen = torch.Generator().manual_seed(seed)
+    draw = unit_draws(gen)
+    hidden, vocab, head_dim = config["hidden_size"], config["vocab_size"], config["head_dim"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    k_dim, v_dim = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    key, value, kernel = k_heads * k_dim, v_heads * v_dim, config["linear_conv_kernel_dim"]
+    experts, expert_width = config["num_experts"], config["moe_intermediate_size"]
+    shared_width = config["shared_expert_intermediate_size"]
+    weights: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": torch.randn(vocab, hidden, generator=gen),
+        "model.norm.weight": torch.zeros(hidden),
+        "lm_head.weight": draw(vocab, hidden),
+    }
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        if (i + 1) % config["full_attention_interval"] == 0:
+            weights.update({
+                f"{p}.self_attn.q_proj.weight": draw(2 * heads * head_dim, hidden),  # queries and their output gate
+                f"{p}.self_attn.k_proj.weight": draw(kv_heads * head_dim, hidden),
+                f"{p}.self_attn.v_proj.weight": draw(kv_heads * head_dim, hidden),
+                f"{p}.self_attn.o_proj.weight": draw(hidden, heads * head_dim),
+                f"{p}.self_attn.q_norm.weight": torch.zeros(head_dim),
+                f"{p}.self_attn.k_norm.weight": torch.zeros(head_dim),
+            })  # fmt: skip
+        else:
+            weights.update({
+                f"{p}.linear_attn.in_proj_qkvz.weight": draw(2 * key + 2 * value, hidden),
+                f"{p}.linear_attn.in_proj_ba.weight": draw(2 * v_heads, hidden),
+                f"{p}.linear_attn.conv1d.weight": draw(2 * key + value, 1, kernel),
+                f"{p}.linear_attn.dt_bias": torch.ones(v_heads),
+                # NOTE: decay rates exp(-exp(A_log) * dt) well below 1: the state forgets, but not within a token
+                f"{p}.linear_attn.A_log": torch.log(torch.empty(v_heads).uniform_(1.0, 4.0, generator=gen) / math.e),
+                f"{p}.linear_attn.norm.weight": torch.ones(v_dim),
+                f"{p}.linear_attn.out_proj.weight": draw(hidden, value),
+            })  # fmt: skip
+        weights.update({
+            f"{p}.input_layernorm.weight": torch.zeros(hidden),
+            f"{p}.post_attention_layernorm.weight": torch.zeros(hidden),
+            f"{p}.mlp.gate.weight": draw(experts, hidden),
+            f"{p}.mlp.shared_expert.gate_proj.weight": draw(shared_width, hidden),
+            f"{p}.mlp.shared_expert.up_proj.weight": draw(shared_width, hidden),
+            f"{p}.mlp.shared_expert.down_proj.weight": draw(hidden, shared_width),
+            f"{p}.mlp.shared_expert_gate.weight": draw(1, hidden),
+        })  # fmt: skip
+        for e in range(experts):
+            weights.update({
+                f"{p}.mlp.experts.{e}.gate_proj.weight": draw(expert_width, hidden),
+                f"{p}.mlp.experts.{e}.up_proj.weight": draw(expert_width, hidden),
+                f"{p}.mlp.experts.{e}.down_proj.weight": draw(hidden, expert_width),
+            })  # fmt: skip
+    return weights
