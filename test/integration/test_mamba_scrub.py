@@ -8,6 +8,7 @@ and a slot still held keeps its state. A pool with state ``clear_slots`` would n
 
 from __future__ import annotations
 
+import collections
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -181,3 +182,34 @@ def test_a_row_pointed_at_a_state_slot_it_does_not_hold_is_sent_to_the_zero_slot
     _poison(pool, [zero])  # a refused forward updates the zero slot in place ...
     owners.rezero()  # ... and the abort zeroes it again
     assert _zero(pool, [zero])
+
+
+def test_the_queued_state_check_redirects_the_same_rows_without_reading_back() -> None:
+    """The device path (:meth:`StateOwners.check_queued`, run here on CPU) redirects exactly the rows the host path
+    does and returns them as per-row counts, which the owner table reads back with its KV counts (the third row of
+    a pending result) and counts as state violations; rows on their own slots stay (control)."""
+    from sglang_iso.integration.owner_check import OwnerTable, _Pending
+    from sglang_iso.integration.state_owner import StateOwners
+
+    pool = _pool()
+    owners = StateOwners(pool)
+    rows = pool.alloc([_req(), _req(), _req()])
+    owners.adopt(rows)
+    mapping = pool.req_index_to_mamba_index_mapping
+    own = [int(mapping[r]) for r in rows]
+    batch = torch.tensor(rows)
+    assert owners.check_queued(batch).tolist() == [0, 0, 0]  # control
+    mapping[rows[1]] = own[2]
+    refused = owners.check_queued(batch)
+    assert refused.tolist() == [0, 1, 0] and owners.violations == 0  # nothing counted before the read-back
+    assert [int(mapping[r]) for r in rows] == [own[0], owners.zero_slot, own[2]]
+
+    table = OwnerTable.__new__(OwnerTable)  # only what drain reads: the pending queue and the counters
+    table.state, table.violations, table.violations_by_owner, table.violating_rows = owners, 0, {}, set()
+    table.row_owner = torch.full((8,), -1, dtype=torch.int32)
+    table._namespaces, table.cache = {}, SimpleNamespace(namespace_of=lambda ns: None)
+    table._pending = collections.deque(
+        [_Pending(torch.stack([batch.to(torch.int32), torch.zeros(3, dtype=torch.int32), refused]), None)]
+    )
+    table.drain()
+    assert owners.violations == 1 and table.violating_rows == {rows[1]} and table.violations == 1

@@ -82,7 +82,8 @@ def abort_before_results(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) 
 class _Pending(NamedTuple):
     """One forward's check result on its way back to the host."""
 
-    counts: torch.Tensor  # [2, B] int32 host (pinned on CUDA): row ids, refused slots per request
+    counts: torch.Tensor  # [2, B] int32 host (pinned on CUDA): row ids, refused slots per request (a third row:
+    # refused recurrent-state slots, for a hybrid row pool on a device)
     done: Any  # torch.cuda.Event recorded after the copy, or None when already on the host
 
 
@@ -295,9 +296,13 @@ class OwnerTable:
         rows = forward_batch.req_pool_indices
         if rows.numel() == 0:
             return
+        state_refused = None
         if self.state is not None:
-            for row in self.state.check(rows):
-                self._count_violation(row, 1, "recurrent-state slot")
+            if rows.device.type == "cpu":
+                for row in self.state.check(rows):
+                    self._count_violation(row, 1, "recurrent-state slot")
+            else:
+                state_refused = self.state.check_queued(rows)  # read back with the KV counts (no sync here)
         seq_lens = forward_batch.seq_lens
         # NOTE: on the host the sum is free; on a device, SGLang's host-side seq_lens_sum avoids a sync.
         total = int(seq_lens.sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
@@ -311,7 +316,7 @@ class OwnerTable:
             drafts = int(forward_batch.spec_info.draft_token_num)
             write_start, seq_lens = seq_lens, seq_lens + drafts
             total = int(total) + drafts * int(rows.numel())
-        self.check_window(rows, seq_lens, write_start, int(total))
+        self.check_window(rows, seq_lens, write_start, int(total), state_refused=state_refused)
         if self.swa is not None:
             self._check_swa(self.swa, rows, seq_lens, write_start)
 
@@ -333,11 +338,20 @@ class OwnerTable:
             self._count_violation(row, count, "sliding-window KV slots")
 
     def check_window(
-        self, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor, total: int, *, draft_step: bool = False
+        self,
+        rows: torch.Tensor,
+        ends: torch.Tensor,
+        write_start: torch.Tensor,
+        total: int,
+        *,
+        draft_step: bool = False,
+        state_refused: torch.Tensor | None = None,
     ) -> None:
         """Sanitize ``req_to_token[rows[b], 0:ends[b]]`` (adopting columns from ``write_start[b]`` on), for
         checks that run before a forward's attention planning (``integration/spec_draft.py``). ``total`` is
-        ``sum(ends)`` on the host; ``draft_step`` counts a speculative step checked before its draft passes."""
+        ``sum(ends)`` on the host; ``draft_step`` counts a speculative step checked before its draft passes;
+        ``state_refused`` (``[B]`` int32 on the device) are the batch's refused state slots, read back with the KV
+        counts."""
         from sglang_iso_kernels import sanitize_rows
 
         if rows.numel() == 0:
@@ -362,7 +376,10 @@ class OwnerTable:
                 self._pending.append(_Pending(torch.stack([rows.to(torch.int32), counts]), None))
                 self.drain()
             return
-        packed = torch.stack([rows.to(torch.int32), counts])  # [2, B]
+        parts = [rows.to(torch.int32), counts]
+        if state_refused is not None:
+            parts.append(state_refused.to(torch.int32))
+        packed = torch.stack(parts)  # [2 or 3, B]
         host = torch.empty(packed.shape, dtype=torch.int32, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         done = torch.get_device_module(packed.device).Event()
@@ -378,10 +395,14 @@ class OwnerTable:
             counts, done = self._pending.popleft()
             if done is not None:
                 done.synchronize()
+            if counts.shape[0] > 2 and self.state is not None and bool((counts[2] > 0).any()):
+                for row, refused in counts[::2, counts[2] > 0].t().tolist():
+                    self.state.violations += refused
+                    self._count_violation(row, refused, "recurrent-state slot")
             bad = counts[1] > 0
             if not bool(bad.any()):
                 continue
-            for row, refused in counts[:, bad].t().tolist():
+            for row, refused in counts[:2, bad].t().tolist():
                 self._count_violation(row, refused, "KV slots")
 
     def _count_violation(self, row: int, refused: int, what: str) -> None:

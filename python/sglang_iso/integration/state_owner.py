@@ -78,8 +78,7 @@ class StateOwners:
     def check(self, rows: torch.Tensor) -> list[int]:
         """Point every row of the batch whose slot it does not hold at the zero slot; returns those rows.
 
-        NOTE: a host read of one bool per forward (the batch's rows are few); the redirect itself stays on the
-        device."""
+        NOTE: reads one bool back per forward: the host path (free on CPU); a device uses :meth:`check_queued`."""
         index = rows.to(torch.int64)
         slots = self.mapping[index].to(torch.int64)
         bad = self.slot_row[slots] != index.to(torch.int32)
@@ -95,6 +94,16 @@ class StateOwners:
             out,
         )
         return out
+
+    def check_queued(self, rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`check` without reading anything back (a device): every row of the batch whose slot it does not
+        hold is pointed at the zero slot; returns ``[B]`` int32, 1 for each such row, for the caller to read back
+        with its other per-forward counts (and to count them in :attr:`violations` then)."""
+        index = rows.to(torch.int64)
+        slots = self.mapping[index].to(torch.int64)
+        bad = self.slot_row[slots] != index.to(torch.int32)
+        self.mapping[index] = torch.where(bad, torch.full_like(slots, self.zero_slot), slots).to(self.mapping.dtype)
+        return bad.to(torch.int32)
 
     @property
     def reserved(self) -> int:
