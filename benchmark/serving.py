@@ -8,10 +8,14 @@ Usage::
     python benchmark/serving.py --family gpt-oss ...    # SWA hybrid with attention sinks and MoE (Triton, interpreted)
     python benchmark/serving.py --family qwen3-next ... # hybrid linear attention (GDN state), MoE (interpreted gate)
 
-Workloads (both "generated shared prefix": a long shared prefix + a random suffix per request):
+Workloads ("generated shared prefix": a long shared prefix + a random suffix per request; or conversations):
 
 * ``single``: one API key; ``--tenants`` shared prefixes, requests spread over them;
-* ``multi``: ``--tenants`` keys, one tenant per prefix (sglang-iso keeps one namespace per tenant).
+* ``multi``: ``--tenants`` keys, one tenant per prefix (sglang-iso keeps one namespace per tenant);
+* ``conversation``: each client holds a conversation of its own under the next tenant's key: a first prompt of
+  ``--prefix-tokens``, then turns that send the previous prompt, its reply and ``--suffix-tokens`` new tokens
+  (token ids through streaming ``/generate``, so a turn continues exactly the previous exchange). Reuse is then the
+  previous exchange: what a hybrid linear-attention model caches (its state at the end of an exchange).
 
 Upstream runs without keys (one trust domain), so both servers see the same prompts and reuse the same
 prefixes; only the keying differs. Servers run one at a time (an idle SGLang scheduler busy-polls about half a
@@ -27,10 +31,11 @@ The SWA hybrid families run in the one-pool layout on both servers (``--disable-
 launcher adds it, upstream gets it here), so both keep the same KV and compare the same attention path: upstream's
 default SWA sub-pool layout is not served on torch_native (its sliding layers read untranslated ids), and gpt-oss
 needs the Triton backend for its sinks, run on CPU in Triton's interpreter (``TRITON_INTERPRET=1``, both servers):
-use few requests there. The hybrid linear-attention family (a tiny Qwen3-Next, dummy weights) runs with the
+use few requests there. The hybrid linear-attention family (a tiny Qwen3-Next, seeded weights) runs with the
 state-cache strategy sglang-iso serves (``--mamba-radix-cache-strategy no_buffer`` on both): its state is cached
 only at the end of a finished exchange, so a shared prefix followed by a new suffix misses on both servers (hit %
-near 0) and the comparison is of the miss path (namespace check, state and KV scrub, both owner checks).
+near 0: the miss path, with the namespace check, state and KV scrub and both owner checks), and the
+``conversation`` workload measures its same-tenant hits.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ FAMILIES = {
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""
 SERVERS = ("upstream", "iso")
-WORKLOADS = ("single", "multi")
+WORKLOADS = ("single", "multi", "conversation")
 METRICS = (  # (key, label, higher is better)
     ("req_s", "req/s", True),
     ("out_tok_s", "out tok/s", True),
@@ -100,6 +105,27 @@ METRICS = (  # (key, label, higher is better)
 
 
 # ------------------------------------------------------------------------------------------------ workload
+
+
+@dataclass(frozen=True)
+class Conversation:
+    tenant: int
+    first: list[int]
+    """The first prompt's token ids."""
+    turns: list[list[int]]
+    """The new token ids each later turn adds after the previous prompt and its reply."""
+
+
+def make_conversations(
+    maker: TextMaker, *, requests: int, clients: int, prefix_tokens: int, suffix_tokens: int
+) -> list[Conversation]:
+    """``clients`` conversations of ``requests // clients`` turns each (at least one), client i under tenant i."""
+    turns = max(1, requests // clients)
+    ids = [maker.tok.encode(maker.text(prefix_tokens)).ids for _ in range(clients)]
+    return [
+        Conversation(i, ids[i], [maker.tok.encode(" " + maker.text(suffix_tokens)).ids for _ in range(turns - 1)])
+        for i in range(clients)
+    ]
 
 
 @dataclass(frozen=True)
@@ -200,6 +226,67 @@ async def one_request(
     )
 
 
+async def one_turn(
+    session: aiohttp.ClientSession, url: str, key: str | None, ids: list[int], out_tokens: int
+) -> tuple[Result, list[int]]:
+    """A streamed ``/generate`` of ``ids``: the timings and the reply's token ids."""
+    sampling = {"max_new_tokens": out_tokens, "temperature": 0, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    start = time.perf_counter()
+    token_times: list[float] = []
+    last: dict = {}
+    seen = 0
+    async with session.post(
+        url + "/generate", json={"input_ids": ids, "sampling_params": sampling, "stream": True}, headers=headers
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            last = json.loads(line[5:])
+            done = int(last.get("meta_info", {}).get("completion_tokens", 0))
+            if done > seen:
+                token_times.append(time.perf_counter())
+                seen = done
+    meta = last.get("meta_info", {})
+    output = list(last.get("output_ids") or [])
+    if not token_times or len(output) != out_tokens:
+        raise RuntimeError(f"stream ended with {len(output)} of {out_tokens} output ids")
+    result = Result(
+        ttft_s=token_times[0] - start,
+        itls_s=[b - a for a, b in itertools.pairwise(token_times)],
+        output_tokens=len(output),
+        prompt_tokens=int(meta.get("prompt_tokens", len(ids))),
+        cached_tokens=int(meta.get("cached_tokens", 0)),
+    )
+    return result, output
+
+
+async def run_conversations(
+    url: str, keys: list[str | None], convs: list[Conversation], out_tokens: int
+) -> tuple[list[Result], float]:
+    """One client per conversation, its turns in order."""
+    results: list[Result] = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=len(convs))) as session:
+
+        async def client(conv: Conversation) -> None:
+            key = keys[conv.tenant % len(keys)]
+            ids = list(conv.first)
+            result, reply = await one_turn(session, url, key, ids, out_tokens)
+            results.append(result)
+            for new in conv.turns:  # bounded: one request per turn
+                ids = [*ids, *reply, *new]
+                result, reply = await one_turn(session, url, key, ids, out_tokens)
+                results.append(result)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in convs))
+        return results, time.perf_counter() - start
+
+
 async def run_level(
     url: str, keys: list[str | None], work: list[Request], concurrency: int, out_tokens: int
 ) -> tuple[list[Result], float]:
@@ -261,7 +348,7 @@ def bench_server(
     args: argparse.Namespace,
     tenants_file: Path,
     iso_keys: list[str],
-    workloads: dict[tuple[str, int], list[Request]],
+    workloads: dict[tuple[str, int], list[Request] | list[Conversation]],
     levels: list[int],
 ) -> list[LevelStats]:
     server = start(name, tenants_file, args.model_dir, FAMILIES[args.family])
@@ -282,7 +369,12 @@ def bench_server(
         for (workload, concurrency), work in workloads.items():
             # single: one key; multi: one key per tenant (upstream: no key either way).
             use = keys[:1] if workload == "single" else keys
-            results, wall = asyncio.run(run_level(server.base_url, use, work, concurrency, args.output_tokens))
+            if workload == "conversation":
+                convs = [w for w in work if isinstance(w, Conversation)]
+                results, wall = asyncio.run(run_conversations(server.base_url, use, convs, args.output_tokens))
+            else:
+                reqs = [w for w in work if isinstance(w, Request)]
+                results, wall = asyncio.run(run_level(server.base_url, use, reqs, concurrency, args.output_tokens))
             stats = LevelStats(name, workload, concurrency, summarize(results, wall) | {"load_1m": os.getloadavg()[0]})
             values = ", ".join(f"{k}={v:.1f}" for k, v in stats.values.items())
             print(f"  {name:8s} {workload:6s} c={concurrency}: {values}", flush=True)
@@ -342,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-tokens", type=int, default=1024)
     p.add_argument("--suffix-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=32)
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
+    p.add_argument("--workloads", default="single,multi", help=f"subset of {','.join(WORKLOADS)} (%(default)s)")
     p.add_argument("--servers", default=",".join(SERVERS), help=f"subset of {','.join(SERVERS)} (run in this order)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="benchmark/serving.png", help="PNG path (needs matplotlib)")
@@ -363,17 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     maker = TextMaker(random.Random(args.seed))
     # NOTE: fresh prompts (and prefixes) per workload and level, so no level starts with the previous one's
     # prefixes cached; the same seeded prompts go to both servers.
-    work = {
-        (w, c): make_workload(
-            maker,
-            requests=args.requests,
-            groups=args.tenants,
-            prefix_tokens=args.prefix_tokens,
-            suffix_tokens=args.suffix_tokens,
-        )
-        for w in workload_names
-        for c in levels
-    }
+    work: dict[tuple[str, int], list[Request] | list[Conversation]] = {}
+    for w in workload_names:
+        for c in levels:
+            sizes = {"prefix_tokens": args.prefix_tokens, "suffix_tokens": args.suffix_tokens}
+            if w == "conversation":
+                work[w, c] = make_conversations(maker, requests=args.requests, clients=c, **sizes)
+            else:
+                work[w, c] = make_workload(maker, requests=args.requests, groups=args.tenants, **sizes)
     print(
         f"workloads {workload_names} x concurrency {levels}: {args.requests} requests, {args.tenants} tenants/prefixes"
     )
