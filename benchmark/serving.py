@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,6 +186,17 @@ class LevelStats:
     values: dict[str, float] = field(default_factory=dict)
 
 
+async def _events(session: aiohttp.ClientSession, url: str, body: dict, headers: dict[str, str]) -> AsyncIterator[dict]:
+    """The JSON events of a streamed (server-sent events) response to a POST of ``body``."""
+    async with session.post(url, json=body, headers=headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if line.startswith(b"data:") and line != b"data: [DONE]":
+                yield json.loads(line[5:])
+
+
 async def one_request(
     session: aiohttp.ClientSession, url: str, key: str | None, prompt: str, out_tokens: int
 ) -> Result:
@@ -202,18 +213,11 @@ async def one_request(
     start = time.perf_counter()
     token_times: list[float] = []
     usage: dict = {}
-    async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[5:])
-            if event.get("choices") and event["choices"][0].get("text"):
-                token_times.append(time.perf_counter())
-            if event.get("usage"):
-                usage = event["usage"]
+    async for event in _events(session, url + "/v1/completions", body, headers):
+        if event.get("choices") and event["choices"][0].get("text"):
+            token_times.append(time.perf_counter())
+        if event.get("usage"):
+            usage = event["usage"]
     if not token_times:
         raise RuntimeError("stream carried no token")
     details = usage.get("prompt_tokens_details") or {}
@@ -236,20 +240,12 @@ async def one_turn(
     token_times: list[float] = []
     last: dict = {}
     seen = 0
-    async with session.post(
-        url + "/generate", json={"input_ids": ids, "sampling_params": sampling, "stream": True}, headers=headers
-    ) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
-        async for raw in resp.content:
-            line = raw.strip()
-            if not line.startswith(b"data:") or line == b"data: [DONE]":
-                continue
-            last = json.loads(line[5:])
-            done = int(last.get("meta_info", {}).get("completion_tokens", 0))
-            if done > seen:
-                token_times.append(time.perf_counter())
-                seen = done
+    body = {"input_ids": ids, "sampling_params": sampling, "stream": True}
+    async for last in _events(session, url + "/generate", body, headers):
+        done = int(last.get("meta_info", {}).get("completion_tokens", 0))
+        if done > seen:
+            token_times.append(time.perf_counter())
+            seen = done
     meta = last.get("meta_info", {})
     output = list(last.get("output_ids") or [])
     if not token_times or len(output) != out_tokens:
