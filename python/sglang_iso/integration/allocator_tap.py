@@ -26,6 +26,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 Layer = Callable[..., Any]
 """``layer(below, *args, **kwargs)``: the method's arguments, and ``below`` to call the rest of the chain."""
 
@@ -113,3 +115,31 @@ def is_paged(allocator: Any) -> bool:
 
 def allocator_release_name(allocator: Any) -> str:
     return "_release_page_ids" if is_paged(allocator) else "free"
+
+
+# ------------------------------------------------------------------ the owner tables' release layers
+
+FREE_PAGE = -1
+"""The owner of a page no request or tree node holds (the owner tables' FREE)."""
+
+
+def release_pages(page_owner: torch.Tensor, zero_page: int, below: Any, *page_ids: torch.Tensor) -> Any:
+    """AROUND a paged allocator's ``_release_page_ids``: released pages become FREE in ``page_owner``; the zero page
+    is never released (a row slot replaced by it must not free it)."""
+    page_ids = tuple(p[p != zero_page] for p in page_ids)
+    for pages in page_ids:
+        page_owner[pages.to(torch.int64)] = FREE_PAGE
+    return below(*page_ids)
+
+
+def release_slots(
+    page_owner: torch.Tensor, zero_page: int, page_size: int, allocator: Any, below: Any, *args: Any
+) -> Any:
+    """AROUND a page-1 allocator's ``free(slots)``: as :func:`release_pages`, by slot (a grouped free is marked FREE
+    when the group ends, through this same method)."""
+    if args and args[0].numel():
+        slots = args[0]
+        args = (slots[slots // page_size != zero_page], *args[1:])
+        if allocator.free_group is None:
+            page_owner[args[0].to(torch.int64) // page_size] = FREE_PAGE
+    return below(*args)

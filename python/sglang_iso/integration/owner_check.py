@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FREE = -1
+FREE = allocator_tap.FREE_PAGE
 UNTAGGED = 0  # requests without a verified namespace: they never share, so one slot for all is enough
 _INITIAL_SLOTS = 1024  # owner slots the allowed table holds before it grows
 _MAX_PENDING = 64  # undrained per-forward results kept before the oldest are read back
@@ -199,19 +199,11 @@ class OwnerTable:
             self.swa.reset(self.zero_page)
 
     def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
-        # The zero page is never released: a row slot replaced by it must not free it.
-        page_ids = tuple(p[p != self.zero_page] for p in page_ids)
-        for pages in page_ids:
-            self.page_owner[pages.to(torch.int64)] = FREE
-        return below(*page_ids)
+        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids)
 
     def _free(self, below: Any, *args: Any) -> Any:
-        if args and args[0].numel():
-            slots = args[0]
-            args = (slots[slots // self.page_size != self.zero_page], *args[1:])
-            if self.kv_allocator.free_group is None:
-                self.page_owner[args[0].to(torch.int64) // self.page_size] = FREE
-        return below(*args)
+        owner, zero, size = self.page_owner, self.zero_page, self.page_size
+        return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args)
 
     def _alloc_rows(self, below: Any, reqs: list[Any]) -> Any:
         out = below(reqs)

@@ -79,9 +79,7 @@ class StateOwners:
         """Point every row of the batch whose slot it does not hold at the zero slot; returns those rows.
 
         NOTE: reads one bool back per forward: the host path (free on CPU); a device uses :meth:`check_queued`."""
-        index = rows.to(torch.int64)
-        slots = self.mapping[index].to(torch.int64)
-        bad = self.slot_row[slots] != index.to(torch.int32)
+        index, _, bad = self._held(rows)
         if not bool(bad.any()):
             return []
         refused = index[bad]
@@ -99,11 +97,15 @@ class StateOwners:
         """:meth:`check` without reading anything back (a device): every row of the batch whose slot it does not
         hold is pointed at the zero slot; returns ``[B]`` int32, 1 for each such row, for the caller to read back
         with its other per-forward counts (and to count them in :attr:`violations` then)."""
-        index = rows.to(torch.int64)
-        slots = self.mapping[index].to(torch.int64)
-        bad = self.slot_row[slots] != index.to(torch.int32)
+        index, slots, bad = self._held(rows)
         self.mapping[index] = torch.where(bad, torch.full_like(slots, self.zero_slot), slots).to(self.mapping.dtype)
         return bad.to(torch.int32)
+
+    def _held(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's index, the state slot it points at, and whether it does not hold that slot."""
+        index = rows.to(torch.int64)
+        slots = self.mapping[index].to(torch.int64)
+        return index, slots, self.slot_row[slots] != index.to(torch.int32)
 
     @property
     def reserved(self) -> int:

@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 
+from sglang_iso.integration import allocator_tap
+
 logger = logging.getLogger(__name__)
 
-FREE = -1
+FREE = allocator_tap.FREE_PAGE
 
 
 def is_swa_sub_pool(allocator: Any) -> bool:
@@ -104,19 +106,11 @@ class SwaOwners:
     # ------------------------------------------------------------------ tap layers
     def release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
         """AROUND the sub-allocator's ``_release_page_ids``: the zero page stays reserved; released pages are FREE."""
-        page_ids = tuple(p[p != self.zero_page] for p in page_ids)
-        for pages in page_ids:
-            self.page_owner[pages.to(torch.int64)] = FREE
-        return below(*page_ids)
+        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids)
 
     def release_slots(self, below: Any, *args: Any) -> Any:
         """AROUND the sub-allocator's ``free`` (page size 1: slots are pages)."""
-        if args and args[0].numel():
-            slots = args[0]
-            args = (slots[slots // self.page_size != self.zero_page], *args[1:])
-            if self.sub.free_group is None:
-                self.page_owner[args[0].to(torch.int64) // self.page_size] = FREE
-        return below(*args)
+        return allocator_tap.release_slots(self.page_owner, self.zero_page, self.page_size, self.sub, below, *args)
 
     def restore_map(self, below: Any, *args: Any, **kwargs: Any) -> Any:
         """AROUND the allocator's ``clear_full_to_swa_mapping``: the zero page keeps its entries."""
