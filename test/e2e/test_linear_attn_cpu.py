@@ -12,8 +12,9 @@ after pool pressure every free KV page is zero; an erase drops only its tenant's
 not cover are refused at start, naming them.
 
 The seeded weights make every reply depend on its whole context: a hit on a state snapshot gives the tokens a
-recomputation gives, and the same last tokens after another context give other tokens (shown in the same run), so
-equal outputs say that the reused state is the right one.
+recomputation gives, and the same last tokens after another context give another first-token log-probability (shown
+in the same run; the greedy tokens themselves may coincide), so equal outputs say that the reused state is the right
+one.
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ def _conversation(srv: ServerProcess, key: str, prompt: list[int]) -> tuple[list
     return follow, generate_to_length(srv, key, follow, NEW_TOKENS)
 
 
+def _scored(srv: ServerProcess, key: str, ids: list[int]) -> dict:
+    """:func:`generate_to_length` with the output tokens' log-probabilities."""
+    status, out = post_ids(srv, key, ids, NEW_TOKENS, return_logprob=True)
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "length", (status, out)
+    return out
+
+
+def _first_logprob(out: dict) -> float:
+    """The log-probability of the first output token (the greedy one: a float that moves with any change of the
+    state, where the greedy token itself may not)."""
+    return float(out["meta_info"]["output_token_logprobs"][0][0])
+
+
 def test_served_with_the_hybrid_tree_state_scrub_and_owner_check(server: ServerProcess, keys: dict[str, str]) -> None:
     info = server_info(server, keys["admin"])
     assert info["mamba_radix_cache_strategy"] == "no_buffer"  # added by the launcher
@@ -111,11 +125,11 @@ def test_a_tenants_continuation_hits_its_state_another_tenant_misses_with_the_sa
     follow, hit = _conversation(server, keys["acme"], random_prompt(40))
     cached = hit["meta_info"]["cached_tokens"]
     assert cached >= 40  # positive control: prompt and output, with the state at their end
-    other = generate_to_length(server, keys["globex"], follow, NEW_TOKENS)  # isolation: the same tokens
+    other = _scored(server, keys["globex"], follow)  # isolation: the same tokens
     assert other["meta_info"]["cached_tokens"] == 0
     assert other["output_ids"] == hit["output_ids"]  # a hit computes what a miss does
-    elsewhere = [*random_prompt(40), *follow[-8:]]  # the same last tokens after another context
-    assert generate_to_length(server, keys["globex"], elsewhere, NEW_TOKENS)["output_ids"] != hit["output_ids"]
+    elsewhere = _scored(server, keys["globex"], [*random_prompt(40), *follow[-8:]])  # same last tokens, other context
+    assert _first_logprob(elsewhere) != _first_logprob(other)  # the reply depends on the state before those tokens
     off = generate_to_length(server, keys["initech"], follow, NEW_TOKENS)  # cache off: never shares
     assert off["meta_info"]["cached_tokens"] == 0
     tree = tree_state(server, keys["admin"])
