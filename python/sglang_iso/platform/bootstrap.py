@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_iso import envvars
-from sglang_iso.platform import cpu, gated_norm_cpu, hicache_cpu, lora_cpu, mla_cpu, pd_cpu
+from sglang_iso.platform import cpu, gated_norm_cpu, hicache_cpu, lora_cpu, mamba2_cpu, mla_cpu, pd_cpu
 
 
 def apply() -> None:
@@ -14,6 +14,7 @@ def apply() -> None:
     pd_cpu.apply()
     mla_cpu.apply()
     gated_norm_cpu.apply()
+    mamba2_cpu.apply()
 
 
 def cuda_available() -> bool:
