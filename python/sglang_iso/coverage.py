@@ -353,9 +353,8 @@ FAMILIES: tuple[Family, ...] = (
         "hybrid linear attention: Qwen3.5, Qwen3-Next, Nemotron-H",
         "HybridLinearKVPool",
         "served with tenants",
-        "`test/e2e/test_linear_attn_cpu.py` (tiny Qwen3-Next: GDN layers on the CPU stand-ins) and "
-        "`test/e2e/test_mamba2_cpu.py` (tiny Nemotron-H: Mamba2 layers on the CPU stand-ins, upstream equal to "
-        "transformers' model); state snapshots on SGLang's unified tree under the namespace check "
+        "`test/e2e/test_linear_attn_cpu.py` on a tiny Qwen3-Next (GDN layers) and a tiny Nemotron-H (Mamba2 "
+        "layers), both on the CPU stand-ins, upstream equal to transformers' models; state snapshots on SGLang's unified tree under the namespace check "
         "(`integration/hybrid_cache.py`); scrub of freed state slots: `test/integration/test_mamba_scrub.py`",
     ),
     Family("anything else", "any other class", "refused", "an unknown pool fails closed"),

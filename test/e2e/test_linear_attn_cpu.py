@@ -1,6 +1,12 @@
-"""A hybrid linear-attention model served on CPU, upstream and through sglang-iso with tenants.
+"""Hybrid linear-attention models served on CPU, upstream and through sglang-iso with tenants.
 
-A tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, seeded
+Every test runs on two models (the module's ``model`` fixture), each with its own servers: a tiny Qwen3-Next (GDN
+layers) and a tiny Nemotron-H (``sglang_iso_testing/tiny_nemotron_h.py``: Mamba2, MLP and full-attention layers,
+whose Mamba2 layers run the torch stand-ins of ``platform/mamba2_cpu.py``; their state is a convolution window and
+an SSM state per layer, in the same ``MambaPool``). Upstream's greedy tokens equal those of transformers' own model
+on the same checkpoint, for a prompt and for its continuation served from the state snapshot.
+
+The Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, seeded
 weights) whose GDN layers run the torch stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites.
 Upstream SGLang (``python -m sglang_iso.baseline_server``) serves it deterministically. sglang-iso serves it with a
 tenants file, the owner check on and the test plugins loaded: its tree is SGLang's unified tree with the Mamba
@@ -34,6 +40,7 @@ from sglang_iso_testing.plant import plant_env
 from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv, request_json
 from sglang_iso_testing.spec_plant import FREE_STATE_ZERO
 from sglang_iso_testing.tenants import write_tenants_file as write_tenants
+from sglang_iso_testing.tiny_nemotron_h import write_tiny_nemotron_h
 from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS, write_tiny_qwen3_next
 
 from .helpers import (
@@ -61,9 +68,12 @@ NEW_TOKENS = 6
 ENV = {"TRITON_INTERPRET": "1"}
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next"))
+WRITERS = {"qwen3-next": write_tiny_qwen3_next, "nemotron-h": write_tiny_nemotron_h}
+
+
+@pytest.fixture(scope="module", params=sorted(WRITERS))
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return WRITERS[request.param](tmp_path_factory.mktemp(f"tiny-{request.param}"))
 
 
 @pytest.fixture(scope="module")
@@ -234,14 +244,19 @@ def upstream(model: Path) -> Iterator[ServerProcess]:
         srv.stop()
 
 
-def _generate(server: ServerProcess, ids: list[int]) -> list[int]:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}
+def _upstream(server: ServerProcess, ids: list[int]) -> dict:
+    """A greedy ``/generate`` of :data:`NEW_TOKENS` tokens (EOS ignored) on the upstream server (no key)."""
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}}
     status, out = request_json(server.base_url + "/generate", body)
     assert status == 200, out
-    return list(out["output_ids"])
+    return out
 
 
-def test_upstream_serves_gdn_layers_on_cpu_deterministically(upstream: ServerProcess) -> None:
+def _generate(server: ServerProcess, ids: list[int]) -> list[int]:
+    return list(_upstream(server, ids)["output_ids"])
+
+
+def test_upstream_serves_the_linear_layers_on_cpu_deterministically(upstream: ServerProcess) -> None:
     first = [3 + (7 * i) % 1900 for i in range(40)]
     second = [5 + (11 * i) % 1900 for i in range(24)]
     a = _generate(upstream, first)
@@ -265,3 +280,28 @@ def test_uncovered_flags_are_refused_at_start_by_name(model: Path, flags: tuple[
     )  # fmt: skip
     assert proc.returncode != 0
     assert named in proc.stdout + proc.stderr
+
+
+def _reference(model: Path, ids: list[int]) -> list[int]:
+    """Greedy tokens of transformers' own model (its torch reference path) on the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = reference.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return [int(t) for t in out[0, len(ids) :]]
+
+
+def test_upstream_equals_the_transformers_model_on_a_prompt_and_its_state_hit(
+    upstream: ServerProcess, model: Path
+) -> None:
+    """The stand-ins compute the model (a prompt's tokens equal the reference's), and a continuation served from the
+    prompt's state snapshot equals the reference's recomputation of the whole context."""
+    prompt = [1, *(300 + (37 * i) % 1700 for i in range(39))]
+    first = _upstream(upstream, prompt)
+    assert first["output_ids"] == _reference(model, prompt)
+    follow = [*prompt, *first["output_ids"], 500, 600, 700]
+    again = _upstream(upstream, follow)
+    assert again["meta_info"]["cached_tokens"] >= len(prompt)  # served from the prompt's state snapshot
+    assert again["output_ids"] == _reference(model, follow)
