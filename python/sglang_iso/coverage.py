@@ -76,7 +76,10 @@ MAMBA_STRATEGY = "no_buffer"
 """The recurrent-state cache strategy served: snapshots only where a request's state already is (the launcher adds
 it for hybrid SSM models); the extra-buffer strategies' ping-pong track slots are not covered."""
 TENANT_LIMIT_FIELDS = ("quota_tokens", "host_quota_tokens", "l3_quota_tokens", "shared_prefixes")
-"""Tenants-file settings enforced by the tenant tree's own namespaces (not by the hybrid tree)."""
+"""Tenants-file settings enforced per namespace by the tenant tree."""
+HYBRID_REFUSED_LIMITS = frozenset({"shared_prefixes"})
+"""Those the hybrid tree does not enforce (its quotas: ``quota_tokens``, ``integration/hybrid_cache.py``; the host and
+L3 quotas cap tiers refused with it)."""
 
 
 class NotCoveredError(RuntimeError):
@@ -621,9 +624,10 @@ def _hybrid_ssm_strategy(f: Features) -> str | None:
 
 
 def _hybrid_ssm_limits(f: Features) -> str | None:
-    if not (f.hybrid_ssm or f.hybrid_swa) or not f.tenant_limits:
+    refused = f.tenant_limits & HYBRID_REFUSED_LIMITS
+    if not (f.hybrid_ssm or f.hybrid_swa) or not refused:
         return None
-    limits = ", ".join(sorted(f.tenant_limits))
+    limits = ", ".join(sorted(refused))
     return f"tenants-file {limits} with hybrid SSM/Mamba models or the SWA sub-pool layout (not enforced per namespace)"
 
 
@@ -758,8 +762,7 @@ ROWS: tuple[Row, ...] = (
         _hybrid_ssm_strategy,
     ),
     Row(
-        "hybrid SSM/Mamba models or the SWA sub-pool layout with per-tenant quotas or shared prefixes in the "
-        "tenants file",
+        "hybrid SSM/Mamba models or the SWA sub-pool layout with shared prefixes in the tenants file",
         _S,
         "tree",
         _hybrid_ssm_limits,

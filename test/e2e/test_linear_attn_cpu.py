@@ -65,6 +65,8 @@ SIZES = ("--max-total-tokens", str(POOL_TOKENS), "--max-running-requests", "4")
 ISO_FLAGS = tuple(f for f in SERVE_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer"))
 """The serving flags without the state strategy: the launcher adds it for hybrid models."""
 NEW_TOKENS = 6
+HOOLI_QUOTA = 64
+"""hooli's ``quota_tokens``: one exchange of a 40-token prompt fits, two do not."""
 ENV = {"TRITON_INTERPRET": "1"}
 
 
@@ -80,12 +82,15 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def keys() -> dict[str, str]:
     from sglang_iso.tenancy.keys import new_api_key
 
-    return {name: new_api_key() for name in ("acme", "globex", "initech", "admin")}
+    return {name: new_api_key() for name in ("acme", "globex", "initech", "hooli", "admin")}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str, str]) -> Iterator[ServerProcess]:
-    tenants = {"acme": {"cache": "private"}, "globex": {"cache": "private"}, "initech": {"cache": "off"}}
+    tenants = {
+        "acme": {"cache": "private"}, "globex": {"cache": "private"}, "initech": {"cache": "off"},
+        "hooli": {"cache": "private", "quota_tokens": HOOLI_QUOTA},
+    }  # fmt: skip
     path = write_tenants(tmp_path_factory.mktemp("tenants"), tenants, keys=keys).path
     port = free_port()
     argv = iso_server_argv(port, model, *SIZES, *ISO_FLAGS, "--tenants-file", str(path))
@@ -220,6 +225,21 @@ def test_after_pool_pressure_every_free_page_and_state_slot_is_zero(
     assert_free_pages_zero_after_pressure(server, keys, POOL_TOKENS, NEW_TOKENS)
     assert tree_state(server, keys["admin"])["state_scrubbed_slots"] > 0
     assert internal_command(server, keys["admin"], FREE_STATE_ZERO)
+
+
+def test_a_quota_keeps_the_tenants_latest_exchange_and_evicts_its_older_one(
+    server: ServerProcess, keys: dict[str, str]
+) -> None:
+    """hooli's two conversations do not fit its quota together: its next request finds the older one's nodes (KV
+    and state) evicted, the newer one's kept (control), and acme's conversation, older than both, untouched."""
+    acme_follow, _ = _conversation(server, keys["acme"], random_prompt(40))
+    before = tree_state(server, keys["admin"])["hybrid_quota_evicted_tokens"]
+    older, _ = _conversation(server, keys["hooli"], random_prompt(40))
+    newer, _ = _conversation(server, keys["hooli"], random_prompt(40))
+    assert generate_to_length(server, keys["hooli"], newer, NEW_TOKENS)["meta_info"]["cached_tokens"] >= 40
+    assert generate_to_length(server, keys["hooli"], older, NEW_TOKENS)["meta_info"]["cached_tokens"] == 0
+    assert tree_state(server, keys["admin"])["hybrid_quota_evicted_tokens"] > before
+    assert generate_to_length(server, keys["acme"], acme_follow, NEW_TOKENS)["meta_info"]["cached_tokens"] >= 40
 
 
 def test_an_erase_drops_the_tenants_nodes_and_keeps_the_others(server: ServerProcess, keys: dict[str, str]) -> None:

@@ -10,7 +10,9 @@ core, and driven through SGLang's cache API (``insert`` with a state slot per ex
   where upstream would match the nodes inserted under that string;
 * a node of one namespace planted under another's walk (a corrupted tree) is served as a miss and counted; the same
   plant in upstream's tree is a hit (control: the check, not the tree's keying, catches it);
-* an erase drops exactly the owner's nodes and frees their state slots.
+* an erase drops exactly the owner's nodes and frees their state slots;
+* a quota keeps a namespace's resident tokens under it by its own least recently used leaves, nodes a request holds
+  staying, other owners untouched.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _tag(tenant: str, ns_id: str = "a" * 64) -> str:
     return make_tag(SECRET, tenant, ns_id)
 
 
-def _build(cls: type[UnifiedRadixCache]) -> Any:
+def _build(cls: type[UnifiedRadixCache], **quotas: int) -> Any:
     shape = Mamba2StateShape.create(
         tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=4, head_dim=8, state_size=4, conv_kernel=4
     )
@@ -78,6 +80,7 @@ def _build(cls: type[UnifiedRadixCache]) -> Any:
         policies = {
             "hooli": TenantPolicy(quota_tokens=None, policy="private"),
             "initech": TenantPolicy(quota_tokens=None, policy="off"),
+            **{owner: TenantPolicy(quota_tokens=tokens, policy="private") for owner, tokens in quotas.items()},
         }
         cache.configure(NamespaceResolver(SECRET), policies)
     return cache
@@ -222,3 +225,46 @@ def test_an_erase_drops_the_owners_nodes_and_their_state_slots_only() -> None:
     assert cache.req_to_token_pool.mamba_allocator.available_size() == free_before - 1  # globex's snapshot only
     stats = cache.tenant_stats()
     assert stats["globex"]["resident_tokens"] == 30 and stats["acme"]["resident_tokens"] == 0
+
+
+def _balanced(cache: Any) -> bool:
+    """Every KV slot and state slot is free or in the tree (nothing leaked, nothing freed twice)."""
+    kv = cache.token_to_kv_pool_allocator.available_size() + cache.evictable_size() + cache.protected_size()
+    state = cache.req_to_token_pool.mamba_allocator.available_size() + cache.mamba_evictable_size()
+    return kv == TOKENS and state + cache.mamba_protected_size() == SLOTS
+
+
+def test_a_quota_evicts_the_namespaces_own_least_recently_used_exchanges_only() -> None:
+    cache = _build(TenantHybridCache, acme=40)
+    first, second, third = (list(range(base, base + 20)) for base in (5, 200, 400))
+    globex = list(range(100, 160))  # over acme's quota, but globex has none
+    for tokens in (first, second):
+        _insert(cache, _tag("acme"), tokens)
+    _insert(cache, _tag("globex"), globex)
+    _insert(cache, _tag("acme"), third)  # 60 resident: over the quota from here
+    assert cache.tenant_stats()["acme"]["resident_tokens"] == 60  # not inside the insert (its caller may lock)
+    assert _match(cache, _tag("acme"), third) == (20, True)  # the next tree operation enforces; the newest stays
+    assert _match(cache, _tag("acme"), first) == (0, False)  # the least recently used went
+    assert _match(cache, _tag("acme"), second) == (20, True)
+    assert _match(cache, _tag("globex"), globex) == (60, True)  # control: another owner's nodes stay
+    assert cache.counters["quota_evicted_tokens"] == 20
+    assert cache.tenant_stats()["acme"]["resident_tokens"] == 40
+    assert _balanced(cache) and cache.check_integrity()
+
+
+def test_a_quota_leaves_the_nodes_a_request_holds() -> None:
+    cache = _build(TenantHybridCache, acme=20)
+    held, other = list(range(5, 25)), list(range(300, 320))
+    _insert(cache, _tag("acme"), held)
+    result = cache.match_prefix(MatchPrefixParams(key=RadixKey(held, _tag("acme"))))
+    assert int(result.device_prefix_len) == 20  # at the quota, not over: the exchange stays and matches
+    lock = cache.inc_lock_ref(result.last_device_node)  # a running request holds it
+    _insert(cache, _tag("acme"), other)
+    assert _match(cache, _tag("acme"), other) == (0, False)  # evicted, though newer: the only unlocked leaf
+    assert cache.tenant_stats()["acme"]["protected_tokens"] == 20  # the held one stays
+    cache.dec_lock_ref(result.last_device_node, lock.to_dec_params())
+    _insert(cache, _tag("acme"), other)
+    assert _match(cache, _tag("acme"), other) == (20, True)  # released: now the least recently used one goes
+    assert _match(cache, _tag("acme"), held) == (0, False)
+    assert cache.counters["quota_evicted_tokens"] == 40
+    assert _balanced(cache) and cache.check_integrity()

@@ -186,17 +186,23 @@ def test_the_scheduler_reads_hybrid_flags_from_server_args_and_limits_from_the_t
         disaggregation_mode="null", enable_lora=False, enable_hierarchical_cache=True,
         mamba_radix_cache_strategy="no_buffer",
     )  # fmt: skip
+    limits = frozenset({"quota_tokens", "host_quota_tokens", "shared_prefixes"})
     f = Features.from_server_args(args, kv_owner_check=True, tenants_file=True, hybrid_ssm=True,
-                                  tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+                                  tenant_limits=limits)  # fmt: skip
     assert f.hybrid_ssm_flags == frozenset({"--enable-hierarchical-cache"})  # "null" and False are off
     message = coverage.explain(refusals(f))
     assert "--enable-hierarchical-cache with hybrid SSM/Mamba models" in message
-    assert "tenants-file quota_tokens with hybrid SSM/Mamba models" in message
+    assert "tenants-file shared_prefixes with hybrid SSM/Mamba models" in message
+    assert "quota_tokens" not in message  # the hybrid tree enforces quotas (its host tier is refused by flag)
     swa = Features.from_server_args(args, kv_owner_check=False, tenants_file=True, hybrid_swa=True,
-                                    tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+                                    tenant_limits=limits)  # fmt: skip
     assert "or the SWA sub-pool layout" in coverage.explain(refusals(swa))  # the same hybrid tree
-    dense = Features.from_server_args(args, kv_owner_check=True, tenants_file=True,
-                                      tenant_limits=frozenset({"quota_tokens"}))  # fmt: skip
+    quota_only = Features.from_server_args(
+        SimpleNamespace(**{**vars(args), "enable_hierarchical_cache": False}), kv_owner_check=True,
+        tenants_file=True, hybrid_ssm=True, tenant_limits=frozenset({"quota_tokens", "host_quota_tokens"}),
+    )  # fmt: skip
+    assert refusals(quota_only) == []
+    dense = Features.from_server_args(args, kv_owner_check=True, tenants_file=True, tenant_limits=limits)
     assert refusals(dense) == []  # control: the dense tree enforces them
 
 

@@ -22,12 +22,16 @@ layer's KV in its own sub-pool, tombstoned outside the window, matches bounded b
   also checks the sliding-window map entries those rows' sliding layers read
   (:mod:`~sglang_iso.integration.swa_owner`), and for linear-attention models each row's state slot
   (:mod:`~sglang_iso.integration.state_owner`).
+* **Quotas.** A namespace whose owner has ``quota_tokens`` keeps at most that many resident tokens: after an insert
+  over it, the next match or eviction drops the namespace's own least recently used unlocked leaves (KV and state,
+  through SGLang's leaf eviction) until it fits (nodes running requests hold stay; counted as
+  ``quota_evicted_tokens``). Not inside the insert: its caller may still lock the node it inserted.
 * **Erase.** ``erase_owner`` drops the unlocked nodes of an owner's namespaces (KV pages and state snapshots),
   leaf by leaf through SGLang's own leaf eviction, which frees both.
 
-Not covered here (refused at start, the hybrid rows of :mod:`sglang_iso.coverage`): per-namespace quotas, the host
-tier and L3, shared prefixes, speculative decoding, PD, streaming sessions, and the extra-buffer state strategy.
-Scheduler thread only.
+Not covered here (refused at start, the hybrid rows of :mod:`sglang_iso.coverage`): the host tier and L3 (so their
+quotas have nothing to cap), shared prefixes, speculative decoding, PD, streaming sessions, and the extra-buffer
+state strategy. Scheduler thread only.
 """
 
 from __future__ import annotations
@@ -37,7 +41,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, InsertResult, MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.base_prefix_cache import (
+    EvictParams,
+    EvictResult,
+    InsertParams,
+    InsertResult,
+    MatchPrefixParams,
+    MatchResult,
+)
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -80,7 +91,11 @@ class TenantHybridCache(UnifiedRadixCache):
         self.host: Any = None  # no host tier (refused)
         self.kv_shares: KvShares | None = None
         self.erase_receipts: dict[str, dict[str, int]] = {}
-        self.counters = {"lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "unverified": 0, "foreign_nodes": 0}
+        self.counters = {
+            "lookups": 0, "lookup_tokens": 0, "hit_tokens": 0, "unverified": 0, "foreign_nodes": 0,
+            "quota_evicted_tokens": 0,
+        }  # fmt: skip
+        self._over_quota: set[Scope] = set()  # scopes inserted into since their quota was last enforced
         self.owner_counters: dict[str, dict[str, int]] = {}
         return self
 
@@ -103,6 +118,35 @@ class TenantHybridCache(UnifiedRadixCache):
         policy = self.policies.get(self._configured[ns].owner)
         return policy is None or policy.policy != "off"
 
+    def _quota(self, ns: str) -> int | None:
+        policy = self.policies.get(self._configured[ns].owner)
+        return None if policy is None else policy.quota_tokens
+
+    def _inserted(self, ns: str, scope: Scope) -> None:
+        if self._quota(ns) is not None:
+            self._over_quota.add(scope)
+
+    def _enforce_quotas(self) -> None:
+        """Bring every namespace inserted into since the last call under its quota (see module doc)."""
+        pending, self._over_quota = self._over_quota, set()
+        for scope in pending:
+            ns = self._sharing_namespace(*scope)
+            quota = None if ns is None else self._quota(ns)
+            if quota is not None:
+                self.counters["quota_evicted_tokens"] += self._evict_to(scope, quota)
+
+    def _evict_to(self, scope: Scope, quota: int) -> int:
+        """Evict ``scope``'s least recently used unlocked leaves until it holds at most ``quota`` tokens (or none is
+        left to evict); returns the tokens evicted."""
+        tracker = {component: 0 for component in self.tree_components}
+        is_leaf = self.tree_core._is_device_leaf
+        while True:
+            nodes = [node for node, s in self._nodes() if s == scope and not node.evicted]
+            leaves = [node for node in nodes if is_leaf(node)]
+            if sum(len(node.key) for node in nodes) <= quota or not leaves:
+                return int(tracker[self.tree_components[0]])
+            self._evict_device_leaf(min(leaves, key=lambda node: node.last_access_time).id, tracker)
+
     def namespace_of(self, key: str) -> Namespace | None:
         """The namespace the resolver made for namespace ``key`` (None: not seen)."""
         return self._configured.get(key)
@@ -119,6 +163,7 @@ class TenantHybridCache(UnifiedRadixCache):
         """SGLang's walk, limited to the request's verified namespace and checked node by node up to the root."""
         if self.disable:
             return super()._match_tree(params)
+        self._enforce_quotas()
         key = params.key
         ns = self.namespace_of_request(key.extra_key, key.cache_salt)
         self.counters["lookups"] += 1
@@ -171,15 +216,35 @@ class TenantHybridCache(UnifiedRadixCache):
         """SGLang's insert, for keys of a verified namespace only: any other key stores nothing (the caller keeps
         its KV and state)."""
         key = params.key
-        if self.disable or (key is not None and self._sharing_namespace(key.extra_key, key.cache_salt) is not None):
+        if self.disable or key is None:
             return super().insert(params)
-        return InsertResult(prefix_len=0)
+        ns = self._sharing_namespace(key.extra_key, key.cache_salt)
+        if ns is None:
+            return InsertResult(prefix_len=0)
+        result = super().insert(params)
+        self._inserted(ns, (key.extra_key, key.cache_salt))
+        return result
+
+    def evict(self, params: EvictParams) -> EvictResult:
+        """SGLang's eviction, after the namespaces over their quota gave back their excess."""
+        if not self.disable:
+            self._enforce_quotas()
+        return super().evict(params)
+
+    def evict_for_alloc(self, params: EvictParams, **kwargs: Any) -> EvictResult:
+        """SGLang's eviction for an allocation, after the namespaces over their quota gave back their excess."""
+        if not self.disable:
+            self._enforce_quotas()
+        return super().evict_for_alloc(params, **kwargs)
 
     def checkpoint(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's insert, for requests of a verified namespace only; any other request keeps its own KV and
         state, which its release frees (and the scrubbers zero)."""
-        if self.disable or self._sharing_namespace(req.extra_key, req.cache_salt) is not None:
+        ns = None if self.disable else self._sharing_namespace(req.extra_key, req.cache_salt)
+        if self.disable or ns is not None:
             super().checkpoint(req, up_to=up_to, **kwargs)
+            if ns is not None:
+                self._inserted(ns, (req.extra_key, req.cache_salt))
             return
         if req.finished():
             for component in self._components_tuple:
