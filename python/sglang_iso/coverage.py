@@ -357,8 +357,9 @@ FAMILIES: tuple[Family, ...] = (
         "HybridLinearKVPool",
         "served with tenants",
         "`test/e2e/test_linear_attn_cpu.py` on a tiny Qwen3-Next (GDN layers) and a tiny Nemotron-H (Mamba2 "
-        "layers), both on the CPU stand-ins, upstream equal to transformers' models; state snapshots on SGLang's unified tree under the namespace check "
-        "(`integration/hybrid_cache.py`); scrub of freed state slots: `test/integration/test_mamba_scrub.py`",
+        "layers), both on the CPU stand-ins, upstream equal to transformers' models; state snapshots on SGLang's "
+        "unified tree under the namespace check (`integration/hybrid_cache.py`); per-namespace quotas; scrub of "
+        "freed state slots: `test/integration/test_mamba_scrub.py`",
     ),
     Family("anything else", "any other class", "refused", "an unknown pool fails closed"),
 )

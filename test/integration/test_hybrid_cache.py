@@ -268,3 +268,35 @@ def test_a_quota_leaves_the_nodes_a_request_holds() -> None:
     assert _match(cache, _tag("acme"), held) == (0, False)
     assert cache.counters["quota_evicted_tokens"] == 40
     assert _balanced(cache) and cache.check_integrity()
+
+
+def test_the_report_exports_residency_quota_evictions_and_violations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hybrid tree's rows go to the Prometheus series and the audit log as the tenant tree's do: acme's
+    residency and quota (gauges), the tokens its quota evicted and globex's violation (counters, audited)."""
+    from sglang_iso import observability
+    from sglang_iso_testing.fake_metrics import RecordedMetrics
+
+    recorded, audits = RecordedMetrics(), []
+    monkeypatch.setattr(observability, "metrics", lambda: recorded)
+    monkeypatch.setattr(observability, "audit", lambda event, **fields: audits.append((event, fields)))
+    cache = _build(TenantHybridCache, acme=20)
+    older, newer = list(range(5, 25)), list(range(200, 220))
+    _insert(cache, _tag("acme"), older)
+    _insert(cache, _tag("acme"), newer)
+    assert _match(cache, _tag("acme"), newer) == (20, True)  # the older exchange goes to the quota
+    cache.report.maybe_export(min_interval_s=0)
+    calls = recorded.calls
+    acme, globex = (("tenant", "acme"),), (("tenant", "globex"),)
+    assert calls[("resident_tokens", acme)][-1] == ("set", 20)
+    assert calls[("quota_tokens", acme)][-1] == ("set", 20)
+    assert calls[("evicted_tokens", acme)] == [("inc", 20)]
+    root = cache.tree_core.root_node
+    (acme_node,) = root.children.values()
+    root.children[RadixKey(newer, _tag("globex")).child_key(1)] = acme_node  # a corrupted child table
+    assert _match(cache, _tag("globex"), newer) == (0, False)
+    cache.report.maybe_export(min_interval_s=0)
+    assert calls[("violations", globex)] == [("inc", 1)]
+    assert calls[("violations", acme)] == []  # control: the series exists for acme, with nothing counted
+    assert ("isolation_violation", {"tenant": "globex", "count": 1}) in audits
+    cache.report.maybe_export(min_interval_s=0)
+    assert calls[("violations", globex)] == [("inc", 1)]  # counters go out as deltas: nothing twice

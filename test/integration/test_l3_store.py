@@ -275,34 +275,12 @@ def test_tenant_l3_quota_is_enforced_reported_and_flushed(tmp_path: Path) -> Non
 
 
 def test_report_exports_tier_residency_per_tenant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from collections import defaultdict
-
     from sglang_iso import observability
+    from sglang_iso_testing.fake_metrics import RecordedMetrics
 
-    calls: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[str, float]]] = defaultdict(list)
-
-    class Series:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def labels(self, **labels: str) -> _Bound:
-            return _Bound(self.name, tuple(sorted(labels.items())))
-
-    class _Bound:
-        def __init__(self, name: str, labels: tuple[tuple[str, str], ...]) -> None:
-            self.key = (name, labels)
-
-        def set(self, value: float) -> None:
-            calls[self.key].append(("set", value))
-
-        def inc(self, value: float = 1) -> None:
-            calls[self.key].append(("inc", value))
-
-    class Metrics(dict):  # type: ignore[type-arg]
-        def __missing__(self, name: str) -> Series:
-            return Series(name)
-
-    monkeypatch.setattr(observability, "metrics", lambda: Metrics())
+    recorded = RecordedMetrics()
+    calls = recorded.calls
+    monkeypatch.setattr(observability, "metrics", lambda: recorded)
     cache, allocator, kv = with_l3(4, tmp_path)
     store(cache, allocator, kv, TOKENS, "tenant-a")
     cache.evict(EvictParams(num_tokens=len(TOKENS)))

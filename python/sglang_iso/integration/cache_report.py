@@ -179,3 +179,11 @@ class CacheReport:
         delta = value - self._exported.get(name, 0)
         self._exported[name] = value
         return max(delta, 0)
+
+
+class HybridCacheReport(CacheReport):
+    """The same export for the hybrid tree (``integration/hybrid_cache.py``): its per-owner rows come from SGLang's
+    unified tree, which it walks itself (``TenantHybridCache.tenant_stats``)."""
+
+    def tenant_stats(self) -> dict[str, dict[str, int | None]]:
+        return self.cache.tenant_stats()

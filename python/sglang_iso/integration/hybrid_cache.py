@@ -26,6 +26,8 @@ layer's KV in its own sub-pool, tombstoned outside the window, matches bounded b
   over it, the next match or eviction drops the namespace's own least recently used unlocked leaves (KV and state,
   through SGLang's leaf eviction) until it fits (nodes running requests hold stay; counted as
   ``quota_evicted_tokens``). Not inside the insert: its caller may still lock the node it inserted.
+* **Reporting.** Per-owner rows (``GET /iso/tenants``) go to the Prometheus series and the audit log as the tenant
+  tree's do (:class:`~sglang_iso.integration.cache_report.HybridCacheReport`, throttled, at matches and evictions).
 * **Erase.** ``erase_owner`` drops the unlocked nodes of an owner's namespaces (KV pages and state snapshots),
   leaf by leaf through SGLang's own leaf eviction, which frees both.
 
@@ -54,6 +56,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from sglang_iso.constants import BACKEND_NAME
 from sglang_iso.identity.tags import Namespace, NamespaceResolver
+from sglang_iso.integration.cache_report import ROW_COUNTERS, HybridCacheReport
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -96,6 +99,7 @@ class TenantHybridCache(UnifiedRadixCache):
             "quota_evicted_tokens": 0,
         }  # fmt: skip
         self._over_quota: set[Scope] = set()  # scopes inserted into since their quota was last enforced
+        self.report = HybridCacheReport(self, BACKEND_NAME)  # type: ignore[arg-type]
         self.owner_counters: dict[str, dict[str, int]] = {}
         return self
 
@@ -132,8 +136,10 @@ class TenantHybridCache(UnifiedRadixCache):
         for scope in pending:
             ns = self._sharing_namespace(*scope)
             quota = None if ns is None else self._quota(ns)
-            if quota is not None:
-                self.counters["quota_evicted_tokens"] += self._evict_to(scope, quota)
+            if ns is not None and quota is not None:
+                evicted = self._evict_to(scope, quota)
+                self.counters["quota_evicted_tokens"] += evicted
+                self._row(self._configured[ns].owner)["evicted_tokens"] += evicted
 
     def _evict_to(self, scope: Scope, quota: int) -> int:
         """Evict ``scope``'s least recently used unlocked leaves until it holds at most ``quota`` tokens (or none is
@@ -155,7 +161,9 @@ class TenantHybridCache(UnifiedRadixCache):
         return []  # shared prefixes are refused with hybrid models
 
     def _row(self, owner: str) -> dict[str, int]:
-        return self.owner_counters.setdefault(owner, {"lookup_tokens": 0, "lookup_hit_tokens": 0})
+        return self.owner_counters.setdefault(
+            owner, {"lookup_tokens": 0, "lookup_hit_tokens": 0, "evicted_tokens": 0, "violations": 0}
+        )
 
     # ------------------------------------------------------------------------------------------ SGLang hooks
 
@@ -187,6 +195,8 @@ class TenantHybridCache(UnifiedRadixCache):
             foreign = None if found is None else f"node {found}"
         if foreign is not None:
             self.counters["foreign_nodes"] += 1
+            if ns is not None:
+                self._row(self._configured[ns].owner)["violations"] += 1
             logger.error(
                 "sglang-iso: isolation violation: a match of namespace %s reached another namespace (%s); "
                 "served as a miss",
@@ -199,6 +209,7 @@ class TenantHybridCache(UnifiedRadixCache):
             row["lookup_tokens"] += len(key)
             row["lookup_hit_tokens"] += int(result.device_prefix_len)
             self.counters["hit_tokens"] += int(result.device_prefix_len)
+        self.report.maybe_export()
         return self._finalize_match_result(params, result)
 
     def _foreign_node(self, result: MatchResult, scope: Scope) -> int | None:
@@ -229,6 +240,7 @@ class TenantHybridCache(UnifiedRadixCache):
         """SGLang's eviction, after the namespaces over their quota gave back their excess."""
         if not self.disable:
             self._enforce_quotas()
+            self.report.maybe_export()
         return super().evict(params)
 
     def evict_for_alloc(self, params: EvictParams, **kwargs: Any) -> EvictResult:
@@ -373,10 +385,10 @@ class TenantHybridCache(UnifiedRadixCache):
         }
 
     def tenant_stats(self) -> dict[str, dict[str, int | None]]:
-        """Per-owner rows for ``GET /iso/tenants``: resident tokens of its nodes (evictable, or protected by a running
-        request's lock), lookups and hits (tokens)."""
-        from sglang_iso.integration.cache_report import ROW_COUNTERS
-
+        """Per-owner rows for ``GET /iso/tenants`` (and the Prometheus series and audit events of
+        :class:`~sglang_iso.integration.cache_report.HybridCacheReport`): resident tokens of its nodes (evictable, or
+        protected by a running request's lock), its per-namespace quota, lookups and hits, tokens its quota evicted,
+        foreign nodes its matches met."""
         rows: dict[str, dict[str, int | None]] = {}
         scopes = self._scopes()
         for node, scope in self._nodes():
@@ -390,4 +402,8 @@ class TenantHybridCache(UnifiedRadixCache):
         for owner, counts in self.owner_counters.items():
             row = rows.setdefault(owner, dict.fromkeys(ROW_COUNTERS, 0))
             row.update(counts)
+        for owner, row in rows.items():
+            policy = self.policies.get(owner)
+            row["quota_tokens_per_namespace"] = None if policy is None else policy.quota_tokens
+            row["namespaces"] = sum(1 for ns in scopes.values() if ns is not None and ns.owner == owner)
         return rows
