@@ -8,6 +8,7 @@ import pytest
 
 from sglang_iso_testing.leak_fuzzer import server_flags, write_tenants
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
+from sglang_iso_testing.tiny_nemotron_h import write_tiny_nemotron_h
 from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS as QWEN3_NEXT_FLAGS
 from sglang_iso_testing.tiny_qwen3_next import write_tiny_qwen3_next
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS, write_tiny_swa
@@ -39,11 +40,12 @@ def test_fuzzed_workload_on_an_mla_moe_model_leaks_nothing(tmp_path: Path) -> No
 
 
 def test_fuzzed_workload_on_a_sliding_window_hybrid_leaks_nothing(tmp_path: Path) -> None:
-    """The same workload (without adapters, quotas or shared prefixes) on a tiny Laguna-shaped model: sliding and
-    full attention layers in turn, in SGLang's SWA sub-pool layout (``--iso-swa-layout sub-pool``, Triton in its
-    interpreter): the hybrid tree with its SWA component, both sub-pools scrubbed and owner-checked. (The one-pool
-    layout, the launcher's default, is the dense pool of the first test; ``test/e2e/test_swa.py`` serves it.)"""
-    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, limits=False)
+    """The same workload (with t2's quota; without adapters or shared prefixes) on a tiny Laguna-shaped model:
+    sliding and full attention layers in turn, in SGLang's SWA sub-pool layout (``--iso-swa-layout sub-pool``, Triton
+    in its interpreter): the hybrid tree with its SWA component, both sub-pools scrubbed and owner-checked. (The
+    one-pool layout, the launcher's default, is the dense pool of the first test; ``test/e2e/test_swa.py`` serves
+    it.)"""
+    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, shared=False)
     model = write_tiny_swa(tmp_path / "tiny-swa")
     flags = (*server_flags(tenants_file, lora=False), *DTYPE_FLAGS, "--attention-backend", "triton",
              "--iso-swa-layout", "sub-pool")  # fmt: skip
@@ -54,12 +56,14 @@ def test_fuzzed_workload_on_a_sliding_window_hybrid_leaks_nothing(tmp_path: Path
     assert run.tree["owner_violations"] == 0 and run.tree["owner_swa_violations"] == 0, run.tree
 
 
-def test_fuzzed_workload_on_a_hybrid_linear_attention_model_leaks_nothing(tmp_path: Path) -> None:
-    """The same workload (without adapters, quotas or shared prefixes, which such a server refuses) on a tiny
-    Qwen3-Next: GDN layers with recurrent state snapshots on the hybrid tree. Reuses continue whole exchanges (prompt
-    and reply), where the state is cached."""
-    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, limits=False)
-    model = write_tiny_qwen3_next(tmp_path / "tiny-qwen3-next")
+@pytest.mark.parametrize("family", ["qwen3-next", "nemotron-h"])
+def test_fuzzed_workload_on_a_hybrid_linear_attention_model_leaks_nothing(tmp_path: Path, family: str) -> None:
+    """The same workload (with t2's quota; without adapters or shared prefixes, which such a server refuses) on a tiny
+    Qwen3-Next (GDN layers) and a tiny Nemotron-H (Mamba2 layers): recurrent state snapshots on the hybrid tree.
+    Reuses continue whole exchanges (prompt and reply), where the state is cached."""
+    tenants_file, tenants, admin = write_tenants(tmp_path, lora=False, shared=False)
+    write = write_tiny_qwen3_next if family == "qwen3-next" else write_tiny_nemotron_h
+    model = write(tmp_path / f"tiny-{family}")
     flags = [f for f in QWEN3_NEXT_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer")]  # the launcher's
     server = start_iso_server(*server_flags(tenants_file, lora=False), *flags, model=model,
                               env={"TRITON_INTERPRET": "1"})  # fmt: skip

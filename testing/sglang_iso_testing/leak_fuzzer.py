@@ -71,9 +71,9 @@ class FuzzReport:
     errors: list[str] = field(default_factory=list)
 
 
-def write_tenants(directory: Path, *, lora: bool = True, limits: bool = True) -> tuple[Path, list[Tenant], str]:
-    """The fuzzer's tenants file (and, with ``lora``, its adapters for the bundled model) in ``directory``; without
-    ``limits`` it has no quota and no shared prefix (what a hybrid linear-attention server refuses)."""
+def write_tenants(directory: Path, *, lora: bool = True, shared: bool = True) -> tuple[Path, list[Tenant], str]:
+    """The fuzzer's tenants file (and, with ``lora``, its adapters for the bundled model) in ``directory``, with a
+    quota on t2; without ``shared`` it has no shared prefix (what a hybrid-tree server refuses)."""
     rng = random.Random(7)
     plan = [
         ("t1", "private"),
@@ -88,20 +88,20 @@ def write_tenants(directory: Path, *, lora: bool = True, limits: bool = True) ->
     for tid, cache in plan:
         canary = [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(3)]
         owner = cache.split(":", 1)[1] if cache.startswith("group:") else tid
-        reads_shared = limits and tid in ("t1", "t2", "g1a", "g1b")
+        reads_shared = shared and tid in ("t1", "t2", "g1a", "g1b")
         adapters = ADAPTERS.get(tid, ()) if lora else ()
         tenants.append(Tenant(tid, owner, cache, new_api_key(), canary, reads_shared, adapters))
     (directory / "s.key").write_bytes(secrets.token_bytes(32))
     lines = ['namespace_secret_file = "s.key"', f'admin_key_sha256 = ["{key_sha256(admin)}"]']
     for t in tenants:
         lines += ["[[tenants]]", f'id = "{t.id}"', f'key_sha256 = ["{key_sha256(t.key)}"]', f'cache = "{t.cache}"']
-        if t.id == "t2" and limits:
+        if t.id == "t2":
             lines.append("quota_tokens = 900")
         lines.append("adapters = [" + ", ".join(f'"{a}"' for a in t.adapters) + "]")
     for name, seed in ADAPTER_SEEDS.items() if lora else ():
         write_tiny_adapter(directory / "adapters" / name, seed=seed)
     readers = ", ".join(f'"{t.id}"' for t in tenants if t.reads_shared)
-    if limits:
+    if shared:
         lines += ["[[shared_prefixes]]", 'name = "policy"', f'text = "{SHARED_TEXT}"', f"tenants = [{readers}]"]
     path = directory / "tenants.toml"
     path.write_text("\n".join(lines) + "\n")
