@@ -7,6 +7,7 @@ Usage::
     python benchmark/serving.py --family laguna ...     # SWA hybrid (sliding and full attention layers)
     python benchmark/serving.py --family gpt-oss ...    # SWA hybrid with attention sinks and MoE (Triton, interpreted)
     python benchmark/serving.py --family qwen3-next ... # hybrid linear attention (GDN state), MoE (interpreted gate)
+    python benchmark/serving.py --family nemotron-h ... # hybrid Mamba2 (convolution and SSM state), attention, MLP
 
 Workloads ("generated shared prefix": a long shared prefix + a random suffix per request; or conversations):
 
@@ -64,6 +65,7 @@ from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free
 from sglang_iso_testing.tiny_deepseek import write_tiny_deepseek
 from sglang_iso_testing.tiny_gpt_oss import SERVE_FLAGS as GPT_OSS_FLAGS
 from sglang_iso_testing.tiny_gpt_oss import write_tiny_gpt_oss
+from sglang_iso_testing.tiny_nemotron_h import write_tiny_nemotron_h
 from sglang_iso_testing.tiny_qwen3_next import SERVE_FLAGS as QWEN3_NEXT_FLAGS
 from sglang_iso_testing.tiny_qwen3_next import write_tiny_qwen3_next
 from sglang_iso_testing.tiny_swa import DTYPE_FLAGS as LAGUNA_FLAGS
@@ -87,6 +89,7 @@ FAMILIES = {
     "laguna": Family(write_tiny_swa, (*LAGUNA_FLAGS, *_ONE_POOL)),
     "gpt-oss": Family(write_tiny_gpt_oss, (*GPT_OSS_FLAGS, *_ONE_POOL), (("TRITON_INTERPRET", "1"),)),
     "qwen3-next": Family(write_tiny_qwen3_next, QWEN3_NEXT_FLAGS, (("TRITON_INTERPRET", "1"),)),
+    "nemotron-h": Family(write_tiny_nemotron_h, QWEN3_NEXT_FLAGS, (("TRITON_INTERPRET", "1"),)),
 }
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""
@@ -439,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         "--family",
         choices=sorted(FAMILIES),
         default="llama",
-        help="llama: the bundled dense model; deepseek, laguna, gpt-oss, qwen3-next: a tiny model of that family "
-        "written at start",
+        help="llama: the bundled dense model; deepseek, laguna, gpt-oss, qwen3-next, nemotron-h: a tiny model of that "
+        "family written at start",
     )
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c]
