@@ -63,7 +63,7 @@ def add_iso_args(parser: argparse.ArgumentParser) -> None:
         default="one-pool",
         help="Hybrid sliding-window models: one-pool keeps every layer's KV in one pool (default; adds "
         f"{coverage.SWA_LAYOUT_FLAG}); sub-pool serves SGLang's SWA sub-pool layout (less memory; refused on "
-        "torch_native and with --kv-owner-check on).",
+        "torch_native).",
     )
     group.add_argument(
         "--tenants-file",
