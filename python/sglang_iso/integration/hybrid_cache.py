@@ -147,7 +147,7 @@ class TenantHybridCache(UnifiedRadixCache):
         tracker = {component: 0 for component in self.tree_components}
         is_leaf = self.tree_core._is_device_leaf
         while True:
-            nodes = [node for node, s in self._nodes() if s == scope and not node.evicted]
+            nodes = [node for node in self._scope_nodes(scope) if not node.evicted]
             leaves = [node for node in nodes if is_leaf(node)]
             if sum(len(node.key) for node in nodes) <= quota or not leaves:
                 return int(tracker[self.tree_components[0]])
@@ -296,6 +296,18 @@ class TenantHybridCache(UnifiedRadixCache):
                 continue
             stack.append((node, scope, True))
             stack.extend((child, scope, False) for child in node.children.values())
+
+    def _scope_nodes(self, scope: Scope) -> Iterator[Any]:
+        """Every node of ``scope``'s subtrees (only those: the root's children keyed by it, and below)."""
+        stack = [
+            child
+            for child in self.tree_core.root_node.children.values()
+            if child.key is not None and (child.key.extra_key, child.key.cache_salt) == scope
+        ]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
 
     def _scopes(self) -> dict[Scope, Namespace | None]:
         """The namespace of every scope rooted in the tree (None: one that does not verify; none is inserted)."""
