@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str
     }  # fmt: skip
     path = write_tenants(tmp_path_factory.mktemp("tenants"), tenants, keys=keys).path
     port = free_port()
-    argv = iso_server_argv(port, model, *SIZES, *ISO_FLAGS, "--tenants-file", str(path))
+    argv = iso_server_argv(port, model, *SIZES, *ISO_FLAGS, "--tenants-file", str(path), "--enable-metrics")
     env = {**ENV, **plant_env()}
     env[envvars.TEST_PLUGINS.name] += "," + FORGE_PLUGIN
     srv = ServerProcess(argv, port, env=env)
@@ -240,6 +241,13 @@ def test_a_quota_keeps_the_tenants_latest_exchange_and_evicts_its_older_one(
     assert generate_to_length(server, keys["hooli"], older, NEW_TOKENS)["meta_info"]["cached_tokens"] == 0
     assert tree_state(server, keys["admin"])["hybrid_quota_evicted_tokens"] > before
     assert generate_to_length(server, keys["acme"], acme_follow, NEW_TOKENS)["meta_info"]["cached_tokens"] >= 40
+    time.sleep(1.5)  # the scheduler exports its rows at most once a second: the next lookup exports these
+    generate_to_length(server, keys["acme"], random_prompt(12), NEW_TOKENS)
+    status, body = server.get_with("/metrics", auth(keys["admin"]))
+    assert status == 200
+    assert 'sglang_iso:evicted_tokens_total{tenant="hooli"}' in body  # the quota's evictions, per tenant
+    assert 'sglang_iso:resident_tokens{tenant="acme"}' in body
+    assert 'sglang_iso:quota_tokens{tenant="hooli"} 64.0' in body
 
 
 def test_an_erase_drops_the_tenants_nodes_and_keeps_the_others(server: ServerProcess, keys: dict[str, str]) -> None:
