@@ -227,10 +227,10 @@ class TenantHybridCache(UnifiedRadixCache):
         """SGLang's insert, for keys of a verified namespace only: any other key stores nothing (the caller keeps
         its KV and state)."""
         key = params.key
-        if self.disable or key is None:
+        if self.disable:
             return super().insert(params)
-        ns = self._sharing_namespace(key.extra_key, key.cache_salt)
-        if ns is None:
+        ns = None if key is None else self._sharing_namespace(key.extra_key, key.cache_salt)
+        if key is None or ns is None:
             return InsertResult(prefix_len=0)
         result = super().insert(params)
         self._inserted(ns, (key.extra_key, key.cache_salt))
