@@ -197,7 +197,18 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         f"{_URC}:UnifiedRadixCache._evict_device_leaf",
         ("self", "node_id", "tracker"),
-        "an erase evicts the owner's leaves one by one (KV and state freed by SGLang's own path)",
+        "an erase, and a namespace over its quota, evict the owner's leaves one by one (KV and state freed by "
+        "SGLang's own path)",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache.evict",
+        ("self", "params"),
+        "overridden: namespaces over their quota give back their excess first",
+    ),
+    (
+        f"{_URC}:UnifiedRadixCache.evict_for_alloc",
+        ("self", "params", "allocation_reclaim_satisfied"),
+        "overridden: namespaces over their quota give back their excess first (keyword arguments passed on)",
     ),
     (
         f"{_URC}:UnifiedRadixCache.full_protected_size",
@@ -212,12 +223,13 @@ CACHE_SYMBOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_device_leaf",
         ("self", "node"),
-        "an erase evicts only unlocked device leaves",
+        "an erase and a quota evict only unlocked device leaves",
     ),
     (
         "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.__init__",
         ("self", "tree_components", "priority"),
-        "nodes carry children, parent and the key (its extra_key and cache_salt are the namespace tag)",
+        "nodes carry children, parent, the key (its extra_key and cache_salt are the namespace tag) and "
+        "last_access_time (a quota evicts the least recently used leaf first)",
     ),
     (
         "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.cleanup_after_caching_req",
