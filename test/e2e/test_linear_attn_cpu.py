@@ -6,8 +6,8 @@ whose Mamba2 layers run the torch stand-ins of ``platform/mamba2_cpu.py``; their
 an SSM state per layer, in the same ``MambaPool``). Upstream's greedy tokens equal those of transformers' own model
 on the same checkpoint, for a prompt and for its continuation served from the state snapshot.
 
-The Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, seeded
-weights) whose GDN layers run the torch stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites.
+The tiny Qwen3-Next (``sglang_iso_testing/tiny_qwen3_next.py``: GDN and full attention layers in turn, MoE, seeded
+weights) runs its GDN layers on the torch stand-ins of ``platform/linear_attn_cpu.py`` at SGLang's own call sites.
 Upstream SGLang (``python -m sglang_iso.baseline_server``) serves it deterministically. sglang-iso serves it with a
 tenants file, the owner check on and the test plugins loaded: its tree is SGLang's unified tree with the Mamba
 component (a node's recurrent state snapshot is copied into a matching request's own slot) under the namespace

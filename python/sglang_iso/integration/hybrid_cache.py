@@ -238,16 +238,18 @@ class TenantHybridCache(UnifiedRadixCache):
 
     def evict(self, params: EvictParams) -> EvictResult:
         """SGLang's eviction, after the namespaces over their quota gave back their excess."""
-        if not self.disable:
-            self._enforce_quotas()
-            self.report.maybe_export()
+        self._before_evict()
         return super().evict(params)
 
     def evict_for_alloc(self, params: EvictParams, **kwargs: Any) -> EvictResult:
         """SGLang's eviction for an allocation, after the namespaces over their quota gave back their excess."""
+        self._before_evict()
+        return super().evict_for_alloc(params, **kwargs)
+
+    def _before_evict(self) -> None:
         if not self.disable:
             self._enforce_quotas()
-        return super().evict_for_alloc(params, **kwargs)
+            self.report.maybe_export()
 
     def checkpoint(self, req: Req, *, up_to: int, **kwargs: Any) -> None:
         """SGLang's insert, for requests of a verified namespace only; any other request keeps its own KV and

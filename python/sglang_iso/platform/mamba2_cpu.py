@@ -41,12 +41,13 @@ PAD_SLOT_ID = -1
 
 
 def apply() -> bool:
-    """Bind the mixer's convolution names (now, or when its module is imported). Idempotent; False with CUDA."""
+    """Bind the mixer's convolution and scan names (now, or when its module is imported). Idempotent; False with
+    CUDA."""
     return _MIXER_SHIM.apply()
 
 
 def patch_mixer_module(module: types.ModuleType) -> None:
-    """Point :data:`MIXER_MODULE`'s convolution names at the torch versions (idempotent)."""
+    """Point :data:`MIXER_MODULE`'s convolution and scan names at the torch versions (idempotent)."""
     for name in CONV_NAMES:
         setattr(module, name, linear_attn_cpu.causal_conv1d_fn_cpu)
     for name in UPDATE_NAMES:
