@@ -6,7 +6,7 @@ Usage::
     python benchmark/serving.py --family deepseek ...   # MLA + MoE (a tiny DeepSeek-V3-shaped model)
     python benchmark/serving.py --family laguna ...     # SWA hybrid (sliding and full attention layers)
     python benchmark/serving.py --family gpt-oss ...    # SWA hybrid with attention sinks and MoE (Triton, interpreted)
-    python benchmark/serving.py --family qwen3-next ... # hybrid linear attention (GDN state), MoE (interpreted gate)
+    python benchmark/serving.py --family qwen3-next ... # hybrid linear attention (GDN state), MoE (torch gate on CPU)
     python benchmark/serving.py --family nemotron-h ... # hybrid Mamba2 (convolution and SSM state), attention, MLP
 
 Workloads ("generated shared prefix": a long shared prefix + a random suffix per request; or conversations):
@@ -88,8 +88,8 @@ FAMILIES = {
     "deepseek": Family(write_tiny_deepseek),
     "laguna": Family(write_tiny_swa, (*LAGUNA_FLAGS, *_ONE_POOL)),
     "gpt-oss": Family(write_tiny_gpt_oss, (*GPT_OSS_FLAGS, *_ONE_POOL), (("TRITON_INTERPRET", "1"),)),
-    "qwen3-next": Family(write_tiny_qwen3_next, QWEN3_NEXT_FLAGS, (("TRITON_INTERPRET", "1"),)),
-    "nemotron-h": Family(write_tiny_nemotron_h, QWEN3_NEXT_FLAGS, (("TRITON_INTERPRET", "1"),)),
+    "qwen3-next": Family(write_tiny_qwen3_next, QWEN3_NEXT_FLAGS),
+    "nemotron-h": Family(write_tiny_nemotron_h, QWEN3_NEXT_FLAGS),
 }
 SIZES = ("--max-total-tokens", "32768", "--max-running-requests", "16", "--enable-cache-report")
 """Same KV pool and batch limits for both servers."""

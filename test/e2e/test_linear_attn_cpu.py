@@ -68,7 +68,6 @@ ISO_FLAGS = tuple(f for f in SERVE_FLAGS if f not in ("--mamba-radix-cache-strat
 NEW_TOKENS = 6
 HOOLI_QUOTA = 64
 """hooli's ``quota_tokens``: one exchange of a 40-token prompt fits, two do not."""
-ENV = {"TRITON_INTERPRET": "1"}
 
 
 WRITERS = {"qwen3-next": write_tiny_qwen3_next, "nemotron-h": write_tiny_nemotron_h}
@@ -95,7 +94,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, model: Path, keys: dict[str
     path = write_tenants(tmp_path_factory.mktemp("tenants"), tenants, keys=keys).path
     port = free_port()
     argv = iso_server_argv(port, model, *SIZES, *ISO_FLAGS, "--tenants-file", str(path), "--enable-metrics")
-    env = {**ENV, **plant_env()}
+    env = plant_env()
     env[envvars.TEST_PLUGINS.name] += "," + FORGE_PLUGIN
     srv = ServerProcess(argv, port, env=env)
     try:
@@ -264,7 +263,7 @@ def test_an_erase_drops_the_tenants_nodes_and_keeps_the_others(server: ServerPro
 @pytest.fixture(scope="module")
 def upstream(model: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, *SERVE_FLAGS), port, env=ENV)
+    srv = ServerProcess(baseline_server_argv(port, model, *SIZES, *SERVE_FLAGS), port)
     try:
         srv.start(timeout_s=400)
         yield srv

@@ -65,8 +65,7 @@ def test_fuzzed_workload_on_a_hybrid_linear_attention_model_leaks_nothing(tmp_pa
     write = write_tiny_qwen3_next if family == "qwen3-next" else write_tiny_nemotron_h
     model = write(tmp_path / f"tiny-{family}")
     flags = [f for f in QWEN3_NEXT_FLAGS if f not in ("--mamba-radix-cache-strategy", "no_buffer")]  # the launcher's
-    server = start_iso_server(*server_flags(tenants_file, lora=False), *flags, model=model,
-                              env={"TRITON_INTERPRET": "1"})  # fmt: skip
+    server = start_iso_server(*server_flags(tenants_file, lora=False), *flags, model=model)
     run = fuzz_on(server, tenants, admin, seed=4, ops=80, max_seconds=70, conversations=True)
     assert_clean_run(run.report, run.problems, min_requests=16)
     assert run.tree["impl"] == "TenantHybridCache" and run.tree["owner_violations"] == 0, run.tree

@@ -7,8 +7,8 @@ Two GDN layers and two full-attention layers (``full_attention_interval`` 2), 4 
 shared expert; the tokenizer is the bundled tiny model's. SGLang keeps each request's recurrent state in a
 ``MambaPool``; on CPU its state cache needs ``--mamba-radix-cache-strategy no_buffer`` and
 ``--disable-overlap-schedule`` (:data:`SERVE_FLAGS`, with a state pool of 128 slots: sized from memory on
-CPU, SGLang's default holds gigabytes), and the MoE shared-expert gate is a Triton kernel, so the
-server runs with ``TRITON_INTERPRET=1``.
+CPU, SGLang's default holds gigabytes). The MoE shared-expert gate, a Triton kernel in SGLang, runs on the torch
+stand-in of ``platform/moe_gate_cpu.py``: no Triton interpreter is needed.
 """
 
 from __future__ import annotations

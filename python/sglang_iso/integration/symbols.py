@@ -518,6 +518,22 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         ),
         "CPU only: the contract of mamba2_cpu.selective_state_update_cpu",
     ),
+    HookedSymbol(
+        "sglang.srt.models.qwen2_moe:Qwen2MoeSparseMoeBlock.forward",
+        ("self", "hidden_states", "forward_batch"),
+        "CPU only (platform/moe_gate_cpu.py): gates the shared expert with its module's fused_gate_sigmoid_mul(_add), "
+        "which the shim binds to torch",
+    ),
+    HookedSymbol(
+        "sglang.kernels.ops.elementwise.elementwise:fused_gate_sigmoid_mul",
+        ("hidden_states", "gate_weight", "shared_output"),
+        "CPU only: the contract of moe_gate_cpu.gate_sigmoid_mul_cpu (the kernel tests' oracle)",
+    ),
+    HookedSymbol(
+        "sglang.kernels.ops.elementwise.elementwise:fused_gate_sigmoid_mul_add",
+        ("hidden_states", "gate_weight", "shared_output", "final_hidden_states"),
+        "CPU only: the contract of moe_gate_cpu.gate_sigmoid_mul_add_cpu",
+    ),
 )
 
 HOOKED_SYMBOLS += tuple(HookedSymbol(*entry) for entry in (*CACHE_SYMBOLS, *PD_SYMBOLS))

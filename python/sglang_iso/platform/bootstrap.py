@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sglang_iso import envvars
-from sglang_iso.platform import cpu, gated_norm_cpu, hicache_cpu, lora_cpu, mamba2_cpu, mla_cpu, pd_cpu
+from sglang_iso.platform import cpu, gated_norm_cpu, hicache_cpu, lora_cpu, mamba2_cpu, mla_cpu, moe_gate_cpu, pd_cpu
 
 
 def apply() -> None:
@@ -15,6 +15,7 @@ def apply() -> None:
     mla_cpu.apply()
     gated_norm_cpu.apply()
     mamba2_cpu.apply()
+    moe_gate_cpu.apply()
 
 
 def cuda_available() -> bool:
