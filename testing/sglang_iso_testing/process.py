@@ -201,7 +201,7 @@ def request_json(
 
 
 def iso_server_argv(port: int, model_path: Path | str, *extra: str) -> list[str]:
-    """Command line for sglang-iso's launcher on ``port`` (loopback, no warmup)."""
+    """Command line for sglang-iso's launcher on ``port`` (loopback, :data:`IDLE_FLAGS`)."""
     return _server_argv("sglang_iso.launch_server", port, model_path, extra)
 
 
@@ -210,6 +210,12 @@ def baseline_server_argv(port: int, model_path: Path | str, *extra: str) -> list
     return _server_argv("sglang_iso.baseline_server", port, model_path, extra)
 
 
+IDLE_FLAGS = ("--skip-server-warmup", "--sleep-on-idle")
+"""On every server the harness starts: no warmup request, and a fully idle scheduler waits on its sockets (SGLang's
+``--sleep-on-idle``; a request wakes it at once) instead of busy-polling half a core, which on a 2-core machine
+slows whatever else runs, the other servers of a test included."""
+
+
 def _server_argv(module: str, port: int, model_path: Path | str, extra: tuple[str, ...]) -> list[str]:
     host = ["--host", "127.0.0.1", "--port", str(port)]
-    return [sys.executable, "-m", module, "--model-path", str(model_path), *host, "--skip-server-warmup", *extra]
+    return [sys.executable, "-m", module, "--model-path", str(model_path), *host, *IDLE_FLAGS, *extra]
