@@ -166,6 +166,11 @@ def _clean_on_cpu(
     NOTE: it works on numpy views of the tensors (no copy, same memory): a small numpy operation costs about a
     tenth of a torch one, and this runs before every forward, for batches of a few rows.
     """
+    if req_pool_indices.numel() <= _ROW_LOOP_MAX:
+        return _clean_by_row(
+            req_to_token.numpy(), req_pool_indices.tolist(), write_start.tolist(), seq_lens.tolist(),
+            row_owner.numpy(), page_owner.numpy(), page_size,
+        )  # fmt: skip
     rows = req_pool_indices.numpy().astype(np.int64, copy=False)
     owners = row_owner.numpy()[rows]  # [B]
     if bool((owners < 0).any()):
@@ -175,8 +180,6 @@ def _clean_on_cpu(
     width = int(lens.max())
     if width > req_to_token.shape[1]:
         return False
-    if owners.size <= _ROW_LOOP_MAX:
-        return _clean_by_row(req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size)
     if width * lens.size <= 2 * total_tokens + _PAD_SLACK:
         return _clean_padded(req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size, width)
     rows_t, starts_t, lens_t, owners_t = (torch.from_numpy(x) for x in (rows, starts, lens, owners))
@@ -206,19 +209,25 @@ _ROW_LOOP_MAX = 2
 
 def _clean_by_row(
     req_to_token: np.ndarray,
-    rows: np.ndarray,
-    starts: np.ndarray,
-    lens: np.ndarray,
-    owners: np.ndarray,
+    rows: list[int],
+    write_start: list[int],
+    lens: list[int],
+    row_owner: np.ndarray,
     page_owner: np.ndarray,
     page_size: int,
 ) -> bool:
-    """:func:`_clean_on_cpu` reading each window in place. Adopts only when every new page is FREE or its
-    row owner's and no page is new to two owners (that race is left to the full pass, which settles it by the
-    larger owner); MUTATES ``page_owner`` then, exactly as the full pass would."""
+    """:func:`_clean_on_cpu` reading each window in place, for a batch of a few rows given as host lists (three
+    ``tolist`` calls instead of a dozen array operations: this runs before every forward of a lone request).
+    Adopts only when every new page is FREE or its row owner's and no page is new to two owners (that race is
+    left to the full pass, which settles it by the larger owner); MUTATES ``page_owner`` then, exactly as the full
+    pass would."""
     limit = page_owner.size * page_size
-    windows, new_pages, new_owners = [], [], []
-    for row, start, end, owner in zip(rows.tolist(), starts.tolist(), lens.tolist(), owners.tolist(), strict=True):
+    width = req_to_token.shape[1]
+    windows, new_pages, new_owners, owners = [], [], [], set()
+    for row, start, end in zip(rows, write_start, lens, strict=True):
+        owner = int(row_owner[row])
+        if owner < 0 or not 0 <= end <= width:
+            return False  # an untracked row (the full pass skips it) or a window outside the table
         if end == 0:
             continue
         slots = req_to_token[row, :end]
@@ -226,16 +235,18 @@ def _clean_by_row(
             return False
         pages = slots if page_size == 1 else slots // page_size
         windows.append((pages, owner))
+        owners.add(owner)
+        start = min(max(start, 0), end)
         if start < end:
             new_pages.append(pages[start:])
             new_owners.append(np.full(end - start, owner, dtype=page_owner.dtype))
     if new_pages:
-        new = np.concatenate(new_pages)
-        me = np.concatenate(new_owners)
+        new = new_pages[0] if len(new_pages) == 1 else np.concatenate(new_pages)
+        me = new_owners[0] if len(new_owners) == 1 else np.concatenate(new_owners)
         current = page_owner[new]
         if not bool(((current == -1) | (current == me)).all()):
             return False
-        if len(new_pages) > 1 and len(set(owners.tolist())) > 1:
+        if len(new_pages) > 1 and len(owners) > 1:
             order = np.argsort(new, kind="stable")
             same_page = new[order][1:] == new[order][:-1]
             if bool((same_page & (me[order][1:] != me[order][:-1])).any()):

@@ -40,6 +40,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 import torch
 
 from sglang_iso.identity.tags import Namespace
@@ -297,7 +298,7 @@ class OwnerTable:
                 state_refused = self.state.check_queued(rows)  # read back with the KV counts (no sync here)
         seq_lens = forward_batch.seq_lens
         # NOTE: on the host the sum is free; on a device, SGLang's host-side seq_lens_sum avoids a sync.
-        total = int(seq_lens.sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
+        total = int(seq_lens.numpy().sum()) if seq_lens.device.type == "cpu" else forward_batch.seq_lens_sum
         if total is None:
             seq_lens_cpu = forward_batch.seq_lens_cpu
             total = int(seq_lens_cpu.sum()) if seq_lens_cpu is not None else int(seq_lens.sum())  # (sync; rare)
@@ -364,7 +365,7 @@ class OwnerTable:
         )
         if counts.device.type == "cpu":
             # NOTE: on CPU reading the counts back is free; only a refusal needs the bookkeeping.
-            if bool(counts.any()):
+            if bool(counts.numpy().any()):
                 self._pending.append(_Pending(torch.stack([rows.to(torch.int32), counts]), None))
                 self.drain()
             return
@@ -475,4 +476,6 @@ def _write_start(forward_batch: Any, seq_lens: torch.Tensor) -> torch.Tensor:
             return prefix
         cpu = forward_batch.extend_prefix_lens_cpu or [0] * seq_lens.numel()
         return torch.tensor(cpu, dtype=torch.int32).to(seq_lens.device, non_blocking=True)
+    if seq_lens.device.type == "cpu":
+        return torch.from_numpy(np.maximum(seq_lens.numpy() - 1, 0))  # NOTE: numpy: a tenth of torch's cost
     return (seq_lens - 1).clamp_(min=0)
