@@ -1,0 +1,149 @@
+"""The share of each part of sglang-iso in a request's time: upstream and sglang-iso variants, all alive at once.
+
+Usage::
+
+    python benchmark/parts.py [--rounds 12] [--block 20] [--variants iso,check-off,scrub-off,both-off]
+
+Every server (plain upstream and one sglang-iso per variant, each with a one-tenant tenants file) is started first
+and kept running: the harness starts them with ``--sleep-on-idle``, so the idle ones wait on their sockets instead
+of busy-polling, and only the one being timed works. Each round sends ``--block`` sequential streamed requests
+(512 random prompt tokens, 16 output tokens, no reuse) to each server in turn, the order reversed every other
+round, and times each block. Because the servers alternate every few seconds, the machine's drift (larger here
+than most effects) hits them alike; the result is, per variant, the median over rounds of its block time divided
+by upstream's in the same round (the paired ratio), with the range. A variant's share is its ratio's distance from
+the variant with that part off.
+
+Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults), ``check-off`` (``--kv-owner-check
+off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both). Progress (rounds, ETA) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.progress import Progress
+from sglang_iso_testing.tenants import write_tenants_file
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "iso": (),
+    "check-off": ("--kv-owner-check", "off"),
+    "scrub-off": ("--kv-scrub", "off"),
+    "both-off": ("--kv-owner-check", "off", "--kv-scrub", "off"),
+}
+SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
+PROMPT_TOKENS, OUTPUT_TOKENS, WARMUP = 512, 16, 5
+UPSTREAM = "upstream"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--block", type=int, default=20, help="requests per server per round")
+    parser.add_argument("--variants", default="iso,check-off,scrub-off,both-off")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    key = new_api_key()
+    with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
+        tenants = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key}).path
+        servers = start_servers(variants, tenants)
+        try:
+            times = run_rounds(servers, key, args.rounds, args.block, random.Random(args.seed))
+        finally:
+            for server in servers.values():
+                server.stop()
+    summary = summarize(times)
+    for name, row in summary.items():
+        print(
+            f"{name:10s} median {row['median_ms']:6.2f} ms/request  paired ratio {row['ratio']:.3f} "
+            f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"block": args.block, "times_ms": times, "summary": summary}, indent=1))
+
+
+def start_servers(variants: list[str], tenants: Path) -> dict[str, ServerProcess]:
+    """Upstream first, then each variant; all kept running (idle ones sleep)."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        port = free_port()
+        servers[UPSTREAM] = ServerProcess(baseline_server_argv(port, tiny_model_path(), *SIZES), port)
+        servers[UPSTREAM].start(timeout_s=300)
+        for name in variants:
+            port = free_port()
+            argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants), *VARIANTS[name])
+            servers[name] = ServerProcess(argv, port).start(timeout_s=300)
+            print(f"started {name}", flush=True)
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def run_rounds(
+    servers: dict[str, ServerProcess], key: str, rounds: int, block: int, rng: random.Random
+) -> dict[str, list[float]]:
+    """Per server, the mean time of one request in each round's block (ms)."""
+    names = list(servers)
+    for name in names:
+        for _ in range(WARMUP):
+            _request(servers[name], None if name == UPSTREAM else key, rng)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    progress = Progress("parts", rounds, unit="rounds", every_s=0)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            started = time.perf_counter()
+            for _ in range(block):
+                _request(servers[name], None if name == UPSTREAM else key, rng)
+            times[name].append((time.perf_counter() - started) / block * 1000)
+        progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per server: median block time, and the median and range of its ratio to upstream's in the same round."""
+    base = times[UPSTREAM]
+    out = {}
+    for name, values in times.items():
+        ratios = [value / ref for value, ref in zip(values, base, strict=True)]
+        out[name] = {
+            "median_ms": statistics.median(values),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+        }
+    return out
+
+
+def _request(server: ServerProcess, key: str | None, rng: random.Random) -> None:
+    """One streamed /generate of random prompt ids, read to the end."""
+    body = {
+        "input_ids": [rng.randrange(300, 1900) for _ in range(PROMPT_TOKENS)],
+        "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True},
+        "stream": True,
+    }
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(request, timeout=120) as response:
+        response.read()
+
+
+if __name__ == "__main__":
+    main()
