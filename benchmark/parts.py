@@ -3,15 +3,17 @@
 Usage::
 
     python benchmark/parts.py [--rounds 12] [--block 20] [--variants iso,check-off,scrub-off,both-off]
+                              [--workload random|shared]
 
 Every server (plain upstream and one sglang-iso per variant, each with a one-tenant tenants file) is started first
 and kept running: the harness starts them with ``--sleep-on-idle``, so the idle ones wait on their sockets instead
 of busy-polling, and only the one being timed works. Each round sends ``--block`` sequential streamed requests
-(512 random prompt tokens, 16 output tokens, no reuse) to each server in turn, the order reversed every other
-round, and times each block. Because the servers alternate every few seconds, the machine's drift (larger here
-than most effects) hits them alike; the result is, per variant, the median over rounds of its block time divided
-by upstream's in the same round (the paired ratio), with the range. A variant's share is its ratio's distance from
-the variant with that part off.
+(``--workload random``: 512 random prompt tokens, no reuse; ``shared``: one of 8 fixed 768-token prefixes, the
+same on every server, then 96 random tokens, so the prefix cache serves most of the prompt; 16 output tokens) to
+each server in turn, the order reversed every other round, and times each block. Because the servers alternate
+every few seconds, the machine's drift (larger here than most effects) hits them alike; the result is, per
+variant, the median over rounds of its block time divided by upstream's in the same round (the paired ratio), with
+the range. A variant's share is its ratio's distance from the variant with that part off.
 
 Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults), ``check-off`` (``--kv-owner-check
 off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both). Progress (rounds, ETA) goes to stdout.
@@ -26,6 +28,7 @@ import statistics
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_iso.models import tiny_model_path
@@ -42,6 +45,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
 PROMPT_TOKENS, OUTPUT_TOKENS, WARMUP = 512, 16, 5
+PREFIXES, PREFIX_TOKENS, QUESTION_TOKENS = 8, 768, 96
+"""The ``shared`` workload: as ``bench_serving.py``'s generated-shared-prefix level."""
 UPSTREAM = "upstream"
 
 
@@ -51,6 +56,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=20, help="requests per server per round")
     parser.add_argument("--variants", default="iso,check-off,scrub-off,both-off")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workload", choices=("random", "shared"), default="random")
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -62,7 +68,9 @@ def main() -> None:
         tenants = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key}).path
         servers = start_servers(variants, tenants)
         try:
-            times = run_rounds(servers, key, args.rounds, args.block, random.Random(args.seed))
+            rng = random.Random(args.seed)
+            prompt = _random_prompt if args.workload == "random" else _shared_prompt(rng)
+            times = run_rounds(servers, key, args.rounds, args.block, rng, prompt)
         finally:
             for server in servers.values():
                 server.stop()
@@ -73,7 +81,8 @@ def main() -> None:
             f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
         )
     if args.json:
-        args.json.write_text(json.dumps({"block": args.block, "times_ms": times, "summary": summary}, indent=1))
+        out = {"workload": args.workload, "block": args.block, "times_ms": times, "summary": summary}
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 def start_servers(variants: list[str], tenants: Path) -> dict[str, ServerProcess]:
@@ -96,20 +105,25 @@ def start_servers(variants: list[str], tenants: Path) -> dict[str, ServerProcess
 
 
 def run_rounds(
-    servers: dict[str, ServerProcess], key: str, rounds: int, block: int, rng: random.Random
+    servers: dict[str, ServerProcess],
+    key: str,
+    rounds: int,
+    block: int,
+    rng: random.Random,
+    prompt: Callable[[random.Random], list[int]],
 ) -> dict[str, list[float]]:
     """Per server, the mean time of one request in each round's block (ms)."""
     names = list(servers)
     for name in names:
         for _ in range(WARMUP):
-            _request(servers[name], None if name == UPSTREAM else key, rng)
+            _request(servers[name], None if name == UPSTREAM else key, prompt(rng))
     times: dict[str, list[float]] = {name: [] for name in names}
     progress = Progress("parts", rounds, unit="rounds", every_s=0)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             started = time.perf_counter()
             for _ in range(block):
-                _request(servers[name], None if name == UPSTREAM else key, rng)
+                _request(servers[name], None if name == UPSTREAM else key, prompt(rng))
             times[name].append((time.perf_counter() - started) / block * 1000)
         progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
     return times
@@ -130,10 +144,24 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _request(server: ServerProcess, key: str | None, rng: random.Random) -> None:
-    """One streamed /generate of random prompt ids, read to the end."""
+def _random_prompt(rng: random.Random) -> list[int]:
+    return [rng.randrange(300, 1900) for _ in range(PROMPT_TOKENS)]
+
+
+def _shared_prompt(seed_rng: random.Random) -> Callable[[random.Random], list[int]]:
+    """A prompt maker: one of :data:`PREFIXES` fixed prefixes, then a random question."""
+    prefixes = [[seed_rng.randrange(300, 1900) for _ in range(PREFIX_TOKENS)] for _ in range(PREFIXES)]
+
+    def prompt(rng: random.Random) -> list[int]:
+        return [*rng.choice(prefixes), *(rng.randrange(300, 1900) for _ in range(QUESTION_TOKENS))]
+
+    return prompt
+
+
+def _request(server: ServerProcess, key: str | None, prompt: list[int]) -> None:
+    """One streamed /generate of ``prompt``, read to the end."""
     body = {
-        "input_ids": [rng.randrange(300, 1900) for _ in range(PROMPT_TOKENS)],
+        "input_ids": prompt,
         "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True},
         "stream": True,
     }
