@@ -10,10 +10,11 @@ kernels run in Triton's interpreter (slow; for tests).
 
 from __future__ import annotations
 
-from sglang_iso_kernels.row_check import sanitize_rows
+from sglang_iso_kernels.row_check import clean_rows_host, sanitize_rows
 from sglang_iso_kernels.scrub import scrub_pages
 
 __all__ = [
+    "clean_rows_host",
     "sanitize_rows",
     "scrub_pages",
 ]

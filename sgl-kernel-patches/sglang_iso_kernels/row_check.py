@@ -93,6 +93,37 @@ def sanitize_rows(
     return violations
 
 
+def clean_rows_host(
+    req_to_token: torch.Tensor,
+    rows: list[int],
+    write_start: list[int],
+    seq_lens: list[int],
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    *,
+    page_size: int,
+) -> bool:
+    """The CPU fast path of :func:`sanitize_rows` for a caller that holds the batch as host lists: adopt this
+    step's pages and say whether every slot of every window is its row owner's, with no argument checks and no
+    result tensor (this runs before every forward; the tables are the ones the caller validated once).
+
+    Returns True when the batch is clean (adoption done); False when :func:`sanitize_rows` must decide it (a
+    foreign, FREE, shared or out-of-range slot, an untracked row, or two owners new to one page). MUTATES
+    ``page_owner`` (adopted pages only, exactly as the full pass would). All tensors on the CPU, ``req_to_token``
+    int32, ``page_owner`` and ``row_owner`` int32.
+    """
+    if len(rows) <= _ROW_LOOP_MAX:
+        return _clean_by_row(
+            req_to_token.numpy(), rows, write_start, seq_lens, row_owner.numpy(), page_owner.numpy(), page_size
+        )
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    starts = torch.tensor(write_start, dtype=torch.int64)
+    return _clean_on_cpu(
+        req_to_token, torch.tensor(rows, dtype=torch.int64), lens, starts, page_owner, row_owner, page_size,
+        sum(seq_lens),
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------------------
 # private helpers
 
@@ -221,6 +252,8 @@ def _clean_by_row(
     Adopts only when every new page is FREE or its row owner's and no page is new to two owners (that race is
     left to the full pass, which settles it by the larger owner); MUTATES ``page_owner`` then, exactly as the full
     pass would."""
+    if len(rows) == 1:
+        return _clean_one_row(req_to_token, rows[0], write_start[0], lens[0], row_owner, page_owner, page_size)
     limit = page_owner.size * page_size
     width = req_to_token.shape[1]
     windows, new_pages, new_owners, owners = [], [], [], set()
@@ -231,8 +264,8 @@ def _clean_by_row(
         if end == 0:
             continue
         slots = req_to_token[row, :end]
-        if int(slots.min()) < 0 or int(slots.max()) >= limit:
-            return False
+        if int(slots.view(np.uint32).max()) >= limit:
+            return False  # (a negative slot reads as a huge unsigned one: one reduction checks both ends)
         pages = slots if page_size == 1 else slots // page_size
         windows.append((pages, owner))
         owners.add(owner)
@@ -253,6 +286,42 @@ def _clean_by_row(
                 return False
         page_owner[new] = me
     return all(bool((page_owner[pages] == owner).all()) for pages, owner in windows)
+
+
+def _clean_one_row(
+    req_to_token: np.ndarray,
+    row: int,
+    start: int,
+    end: int,
+    row_owner: np.ndarray,
+    page_owner: np.ndarray,
+    page_size: int,
+) -> bool:
+    """:func:`_clean_by_row` for a batch of one row (no race between owners is possible): a handful of array
+    operations, a decode step's single new slot adopted with scalar reads (the lone request's every forward)."""
+    owner = int(row_owner[row])
+    if owner < 0 or not 0 <= end <= req_to_token.shape[1]:
+        return False
+    if end == 0:
+        return True
+    slots = req_to_token[row, :end]
+    if int(slots.view(np.uint32).max()) >= page_owner.size * page_size:
+        return False
+    pages = slots if page_size == 1 else slots // page_size
+    start = min(max(start, 0), end)
+    if end - start == 1:
+        page = int(pages[start])
+        current = int(page_owner[page])
+        if current != -1 and current != owner:
+            return False
+        page_owner[page] = owner
+    elif start < end:
+        new = pages[start:]
+        current = page_owner[new]
+        if not bool(((current == -1) | (current == owner)).all()):
+            return False
+        page_owner[new] = owner
+    return bool((page_owner[pages] == owner).all())
 
 
 # NOTE: a batch whose padded windows (batch x longest window) hold at most twice its tokens plus this many is

@@ -20,6 +20,7 @@ from sglang_iso_kernels.row_check import (
     _sanitize_torch,
     _segments_large,
     _segments_small,
+    clean_rows_host,
     sanitize_rows,
 )
 from test.kernels.conftest import SEEDS
@@ -192,27 +193,38 @@ def _large_batch_triton_vs_torch(device: torch.device) -> None:
     assert torch.equal(rtt_t, rtt_k) and torch.equal(po_t, po_k)
 
 
+def _draw_batch(data: st.DataObject, page_size: int, max_rows: int = 4, wild: bool = False):  # type: ignore[no-untyped-def]
+    """A random pool and batch, mostly clean: ``(page_owner, rows, row_owner, req_to_token, seq_lens,
+    write_start)``; ``wild`` adds negative and past-the-pool slots."""
+    page_owner = data.draw(st.lists(st.sampled_from([FREE, 0, 1, 2, 3]), min_size=NUM_PAGES, max_size=NUM_PAGES))
+    page_owner[ZERO_PAGE] = FREE
+    rows = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=max_rows, unique=True))
+    row_owner = [FREE] * R
+    req_to_token = torch.zeros(R, L, dtype=torch.int32)
+    seq_lens, write_start = [], []
+    pure = wild and data.draw(st.booleans())  # every row tracked and on its own pages: a clean batch
+    for row in rows:
+        me = data.draw(st.sampled_from([0, 1, 2] if pure else [0, 1, 2, FREE]))
+        row_owner[row] = me
+        own = [p for p, o in enumerate(page_owner) if o == me] or [ZERO_PAGE]
+        mine = st.builds(lambda p, j: p * page_size + j, st.sampled_from(own), st.integers(0, page_size - 1))
+        low, high = (-3, (NUM_PAGES + 2) * page_size) if wild else (0, NUM_PAGES * page_size - 1)
+        anywhere = st.integers(low, high)
+        token = mine if pure and own != [ZERO_PAGE] else st.one_of(mine, mine, mine, anywhere)
+        window = data.draw(st.lists(token, min_size=1, max_size=L))
+        req_to_token[row, : len(window)] = torch.tensor(window, dtype=torch.int32)
+        seq_lens.append(len(window))
+        decode = data.draw(st.booleans())
+        write_start.append(len(window) - 1 if decode else data.draw(st.integers(0, len(window))))
+    return page_owner, rows, row_owner, req_to_token, seq_lens, write_start
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), page_size=st.sampled_from([1, 2, 4]), route=st.sampled_from(sorted(ROUTES)))
 def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, route: str) -> None:
     """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over),
     through each of its routes."""
-    page_owner = data.draw(st.lists(st.sampled_from([FREE, 0, 1, 2, 3]), min_size=NUM_PAGES, max_size=NUM_PAGES))
-    page_owner[ZERO_PAGE] = FREE
-    rows = data.draw(st.lists(st.integers(0, R - 1), min_size=1, max_size=4, unique=True))
-    row_owner = [FREE] * R
-    req_to_token = torch.zeros(R, L, dtype=torch.int32)
-    seq_lens, write_start = [], []
-    for row in rows:
-        me = data.draw(st.sampled_from([0, 1, 2, FREE]))
-        row_owner[row] = me
-        own = [p for p, o in enumerate(page_owner) if o == me] or [ZERO_PAGE]
-        mine = st.builds(lambda p, j: p * page_size + j, st.sampled_from(own), st.integers(0, page_size - 1))
-        anywhere = st.integers(0, NUM_PAGES * page_size - 1)
-        window = data.draw(st.lists(st.one_of(mine, mine, mine, anywhere), min_size=1, max_size=L))
-        req_to_token[row, : len(window)] = torch.tensor(window, dtype=torch.int32)
-        seq_lens.append(len(window))
-        write_start.append(data.draw(st.integers(0, len(window))))
+    page_owner, rows, row_owner, req_to_token, seq_lens, write_start = _draw_batch(data, page_size)
     tensors = (
         req_to_token,
         torch.tensor(rows, dtype=torch.int64),
@@ -254,6 +266,55 @@ def test_cpu_fast_path_answers_a_clean_batch_alone(route: str, monkeypatch: pyte
     req_to_token[0, 1] = 2
     req_to_token[0, 5] = 15  # past the window: not read
     assert _clean_on_cpu(*args, page_size=1, total_tokens=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]))
+def test_host_lists_route_then_full_pass_equals_full_pass(data: st.DataObject, page_size: int) -> None:
+    """``clean_rows_host`` (the owner table's first try before every CPU forward) followed, when it says no, by
+    the full pass leaves the tables exactly as the full pass alone; when it says yes, the full pass would have
+    refused nothing. One row, two and more, decode steps and prefills, slots off either end of the pool."""
+    page_owner, rows, row_owner, req_to_token, seq_lens, write_start = _draw_batch(data, page_size, 5, wild=True)
+    tensors = (
+        req_to_token,
+        torch.tensor(rows, dtype=torch.int64),
+        torch.tensor(seq_lens, dtype=torch.int64),
+        torch.tensor(write_start, dtype=torch.int64),
+        torch.tensor(page_owner, dtype=torch.int32),
+        torch.tensor(row_owner, dtype=torch.int32),
+    )
+    allowed = _allowed(torch.device("cpu"))
+    # Negative or past-the-pool slots are the full pass's to redirect; the reference gets the same inputs.
+    want = [t.clone() for t in tensors]
+    want_v = torch.zeros(len(rows), dtype=torch.int32)
+    _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
+    clean = clean_rows_host(tensors[0], rows, write_start, seq_lens, tensors[4], tensors[5], page_size=page_size)
+    if clean:
+        assert int(want_v.sum()) == 0, "the host route passed a batch the full pass refuses"
+    else:
+        got_v = torch.zeros(len(rows), dtype=torch.int32)
+        _sanitize_torch(*tensors, allowed, page_size, ZERO_PAGE, sum(seq_lens), got_v)
+        assert got_v.tolist() == want_v.tolist()
+    assert torch.equal(tensors[0], want[0]) and torch.equal(tensors[4], want[4])
+
+
+def test_host_lists_route_positive_control() -> None:
+    """The route answers a clean lone decode row alone (adopting its new page) and hands over a planted one."""
+    req_to_token = torch.zeros(2, 8, dtype=torch.int32)
+    req_to_token[1, :3] = torch.tensor([1, 2, 14], dtype=torch.int32)
+    page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
+    page_owner[1] = page_owner[2] = 1
+    row_owner = torch.tensor([FREE, 1], dtype=torch.int32)
+    assert clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
+    assert int(page_owner[14]) == 1
+    req_to_token[1, 0] = 5  # a FREE page in an old column
+    assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
+    req_to_token[1, 0] = -1  # a negative slot
+    assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
+    page_owner[5] = 2
+    req_to_token[1, :3] = torch.tensor([1, 2, 5], dtype=torch.int32)  # the new column on another owner's page
+    assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
+    assert int(page_owner[5]) == 2
 
 
 @pytest.mark.parametrize("seed", SEEDS)

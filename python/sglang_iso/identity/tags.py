@@ -44,6 +44,8 @@ TAG_VERSION = "iso1"
 _MAC_DOMAIN = b"sglang-iso/ns-tag/v1"
 _TAG_RE = re.compile(rf"iso1\.({TENANT_ID_PATTERN.pattern})\.([0-9a-f]{{64}})\.([0-9a-f]{{64}})([0-9a-f]{{32}})?")
 _LORA_ID_RE = re.compile(r"[0-9a-f]{32}")  # SGLang's LoRA ids: uuid4().hex or uuid5(...).hex
+VERIFIED_TAGS = 4096
+"""Verified tags a resolver remembers (about 1 MB): more than the namespaces a scheduler has in flight."""
 
 
 def _mac(secret: bytes, tenant: str, namespace_id: str) -> str:
@@ -133,6 +135,11 @@ class NamespaceResolver:
         self._secret = secret
         self.rejected_tags = 0  # keys with a malformed or forged tag: isolation violations
         self.untagged = 0  # keys with no tag at all: internal requests (health checks), served unshared
+        self._verified: dict[str, Namespace] = {}
+        """Tags whose MAC verified under this resolver's secret (fixed for its life), by the exact ``extra_key``:
+        the scheduler resolves each request's key several times (match, row owner, checkpoints). Only verified
+        tags are kept, at most :data:`VERIFIED_TAGS` (the oldest dropped first); a forged one is checked and
+        counted every time."""
 
     @property
     def mode(self) -> str:
@@ -154,6 +161,9 @@ class NamespaceResolver:
             # possibly with a LoRA id that SGLang appended to an empty key.
             self.untagged += 1
             return None
+        known = self._verified.get(extra_key)
+        if known is not None:
+            return known
         match = _TAG_RE.fullmatch(extra_key)
         if match is None:
             self._reject("missing or malformed namespace tag")
@@ -162,7 +172,11 @@ class NamespaceResolver:
         if not hmac.compare_digest(mac, _mac(self._secret, tenant, namespace_id)):
             self._reject(f"bad namespace tag MAC for tenant {tenant!r}")
             return None
-        return Namespace.of_tenant(tenant, namespace_id, lora_id)
+        namespace = Namespace.of_tenant(tenant, namespace_id, lora_id)
+        if len(self._verified) >= VERIFIED_TAGS:
+            del self._verified[next(iter(self._verified))]
+        self._verified[extra_key] = namespace
+        return namespace
 
     def _reject(self, why: str) -> None:
         # SECURITY: fail closed; the request is served, but shares nothing.

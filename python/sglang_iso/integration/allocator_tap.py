@@ -139,6 +139,15 @@ def release_slots(
     when the group ends, through this same method)."""
     if args and args[0].numel():
         slots = args[0]
+        if slots.device.type == "cpu" and page_owner.device.type == "cpu":
+            # NOTE: numpy views of the same memory: a few array operations instead of six torch ones (every free).
+            pages = slots.numpy() // page_size
+            keep = pages != zero_page
+            if not keep.all():
+                args, pages = (slots[torch.from_numpy(keep)], *args[1:]), pages[keep]
+            if allocator.free_group is None:
+                page_owner.numpy()[pages] = FREE_PAGE
+            return below(*args)
         args = (slots[slots // page_size != zero_page], *args[1:])
         if allocator.free_group is None:
             page_owner[args[0].to(torch.int64) // page_size] = FREE_PAGE

@@ -138,6 +138,15 @@ class OwnerTable:
             from sglang_iso.integration.state_owner import StateOwners
 
             self.state = StateOwners(rows_pool)
+        # NOTE: a plain KV pool on the host is checked from host lists first (``_clean_on_host``); the recurrent
+        # state and sliding-window checks of the hybrid pools run after the full pass only.
+        self._host_route = (
+            self.page_owner.device.type == "cpu"
+            and rows_pool.req_to_token.device.type == "cpu"
+            and self.state is None
+            and self.swa is None
+            and rows_pool.req_to_token.dtype == torch.int32
+        )
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
@@ -213,9 +222,11 @@ class OwnerTable:
             owners = [self.owner_of_req(req) for req in reqs]
             for row, req in zip(rows, reqs, strict=True):
                 self._row_req[row] = weakref.ref(req)
-            self.row_owner[torch.tensor(rows, dtype=torch.int64)] = torch.tensor(owners, dtype=torch.int32).to(
-                self.row_owner.device
-            )
+            if self.row_owner.device.type == "cpu":
+                self.row_owner.numpy()[rows] = owners  # (a view: no tensor built per call)
+            else:
+                index = torch.tensor(rows, dtype=torch.int64)
+                self.row_owner[index] = torch.tensor(owners, dtype=torch.int32).to(self.row_owner.device)
             if self.state is not None:
                 self.state.adopt(rows)
         return out
@@ -225,7 +236,10 @@ class OwnerTable:
         for row in rows:
             self._row_req.pop(row, None)
         if rows:
-            self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
+            if self.row_owner.device.type == "cpu":
+                self.row_owner.numpy()[rows] = FREE
+            else:
+                self.row_owner[torch.tensor(rows, dtype=torch.int64)] = FREE
             if self.state is not None:
                 self.state.release(rows)
         below(indices)
@@ -289,6 +303,8 @@ class OwnerTable:
         rows = forward_batch.req_pool_indices
         if rows.numel() == 0:
             return
+        if self._host_route and self._clean_on_host(forward_batch, rows):
+            return
         state_refused = None
         if self.state is not None:
             if rows.device.type == "cpu":
@@ -312,6 +328,29 @@ class OwnerTable:
         self.check_window(rows, seq_lens, write_start, int(total), state_refused=state_refused)
         if self.swa is not None:
             self._check_swa(self.swa, rows, seq_lens, write_start)
+
+    def _clean_on_host(self, forward_batch: Any, rows: torch.Tensor) -> bool:
+        """The CPU route of a plain KV pool: a batch whose every slot is its row owner's is decided from host
+        lists alone (adopting this step's pages); anything else (False) takes the full pass below, which adopts
+        the same pages again as a no-op and counts what it refuses. Speculative verify passes always take it."""
+        from sglang_iso_kernels import clean_rows_host
+
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify():
+            return False
+        ends = forward_batch.seq_lens.tolist()
+        if mode.is_extend():
+            starts = forward_batch.extend_prefix_lens_cpu
+            if starts is None or len(starts) != len(ends):
+                return False
+        elif mode.is_decode():
+            starts = [max(end - 1, 0) for end in ends]
+        else:
+            return False
+        return clean_rows_host(
+            self.cache.req_to_token_pool.req_to_token, rows.tolist(), list(starts), ends, self.page_owner,
+            self.row_owner, page_size=self.page_size,
+        )  # fmt: skip
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
         """The sliding-window sub-pool's check (:mod:`~sglang_iso.integration.swa_owner`), after the rows'."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from sglang_iso import coverage
@@ -129,9 +130,12 @@ class KvScrubber:
         """Zero every pending page now; returns the number of pages zeroed."""
         if not self.pending:
             return 0
-        pages = torch.cat(self.pending).to(torch.int64)
+        if all(p.device.type == "cpu" for p in self.pending):
+            # NOTE: numpy, single-threaded (see sglang_iso_kernels.scrub): this runs before every hand-out.
+            pages = torch.from_numpy(np.unique(np.concatenate([p.numpy() for p in self.pending]).astype(np.int64)))
+        else:
+            pages = torch.unique(torch.cat(self.pending).to(torch.int64))
         self.pending = []
-        pages = torch.unique(pages)
         if pages.is_cuda and self.forward_stream is not None:
             # NOTE: a forward still reading these pages must finish before they are zeroed.
             torch.cuda.current_stream().wait_stream(self.forward_stream)
@@ -174,7 +178,13 @@ class KvScrubber:
         rows = [int(i) for i in indices]
         if rows:
             # Slot 0 is the padding sink: a reset row points nowhere real.
-            self.req_to_token_pool.req_to_token[rows] = 0
+            table = self.req_to_token_pool.req_to_token
+            if table.device.type == "cpu":
+                # NOTE: a numpy view: torch's indexed store opens a thread-parallel region, which costs
+                # milliseconds per freed row on a host whose cores are busy with the forward.
+                table.numpy()[rows] = 0
+            else:
+                table[rows] = 0
             zero_request_rows(self.tensors, rows)
             self.reset_rows += len(rows)
         below(indices)

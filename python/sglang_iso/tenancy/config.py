@@ -45,6 +45,7 @@ Loading validates everything and returns immutable objects; nothing is cached.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -189,12 +190,23 @@ class TenantsConfig:
 
     def kv_share_of(self, owner: str) -> float:
         """The KV share of a namespace owner (a tenant id or a group name); the default for an unknown owner."""
+        shares, default = self._kv_shares
+        return shares.get(owner, default)
+
+    @functools.cached_property
+    def _kv_shares(self) -> tuple[dict[str, float], float]:
+        """Owner -> share (a group's: the largest of its members'), and the default: the scheduler asks per
+        queued request and prefill pass, so it is worked out once (the config is immutable)."""
         default = self.default_kv_share
         if default is None:
             owners = {t.group or t.id for t in self.tenants.values()}
             default = 1.0 if len(owners) <= 1 else DEFAULT_KV_SHARE
-        members = [t for t in self.tenants.values() if t.group == owner or (t.group is None and t.id == owner)]
-        return max((t.kv_share if t.kv_share is not None else default for t in members), default=default)
+        shares: dict[str, float] = {}
+        for t in self.tenants.values():
+            owner = t.group if t.group is not None else t.id
+            share = t.kv_share if t.kv_share is not None else default
+            shares[owner] = max(shares.get(owner, share), share)
+        return shares, default
 
     def __repr__(self) -> str:
         # NOTE: redact the secret, because reprs end up in logs and tracebacks.
