@@ -84,3 +84,23 @@ def test_bare_lora_id_is_untagged_not_a_violation() -> None:
     r = NamespaceResolver(SECRET)
     assert r.resolve("c" * 32, None) is None
     assert (r.untagged, r.rejected_tags) == (1, 0)
+
+
+def test_verified_tags_are_remembered_forged_ones_are_checked_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver keeps verified tags (bounded); a forged tag never enters and is counted on every lookup."""
+    from sglang_iso.identity import tags
+
+    monkeypatch.setattr(tags, "VERIFIED_TAGS", 4)
+    r = NamespaceResolver(SECRET)
+    good = make_tag(SECRET, "acme", NS_ID)
+    forged = good[:-1] + ("0" if good[-1] != "0" else "1")
+    assert r.resolve(good, None) == f"t:acme:{NS_ID}"  # positive control, then from memory
+    assert r.resolve(good, None) == f"t:acme:{NS_ID}"
+    for n in range(3):
+        assert r.resolve(forged, None) is None
+        assert r.rejected_tags == n + 1
+    others = [make_tag(SECRET, "acme", f"{i:064x}") for i in range(10)]
+    assert [r.resolve(t, None) for t in others] == [f"t:acme:{i:064x}" for i in range(10)]
+    assert len(r._verified) == 4 and forged not in r._verified
+    assert r.resolve(good, None) == f"t:acme:{NS_ID}"  # dropped from memory, verified again
+    assert r.rejected_tags == 3
