@@ -100,27 +100,31 @@ def clean_rows_host(
     seq_lens: list[int],
     page_owner: torch.Tensor,
     row_owner: torch.Tensor,
+    allowed: torch.Tensor | None = None,
     *,
     page_size: int,
 ) -> bool:
     """The CPU fast path of :func:`sanitize_rows` for a caller that holds the batch as host lists: adopt this
-    step's pages and say whether every slot of every window is its row owner's, with no argument checks and no
-    result tensor (this runs before every forward; the tables are the ones the caller validated once).
+    step's pages and say whether every slot of every window is its row owner's (or, with ``allowed``, one its
+    owner may read: a shared prefix, the zero page), with no argument checks and no result tensor (this runs
+    before every forward; the tables are the ones the caller validated once).
 
     Returns True when the batch is clean (adoption done); False when :func:`sanitize_rows` must decide it (a
-    foreign, FREE, shared or out-of-range slot, an untracked row, or two owners new to one page). MUTATES
+    foreign, FREE or out-of-range slot, an untracked row, or two owners new to one page). MUTATES
     ``page_owner`` (adopted pages only, exactly as the full pass would). All tensors on the CPU, ``req_to_token``
-    int32, ``page_owner`` and ``row_owner`` int32.
+    int32, ``page_owner``, ``row_owner`` and ``allowed`` int32.
     """
+    extra = allowed.numpy() if allowed is not None else None
     if len(rows) <= _ROW_LOOP_MAX:
         return _clean_by_row(
-            req_to_token.numpy(), rows, write_start, seq_lens, row_owner.numpy(), page_owner.numpy(), page_size
-        )
+            req_to_token.numpy(), rows, write_start, seq_lens, row_owner.numpy(), page_owner.numpy(), page_size,
+            extra,
+        )  # fmt: skip
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     starts = torch.tensor(write_start, dtype=torch.int64)
     return _clean_on_cpu(
         req_to_token, torch.tensor(rows, dtype=torch.int64), lens, starts, page_owner, row_owner, page_size,
-        sum(seq_lens),
+        sum(seq_lens), extra,
     )  # fmt: skip
 
 
@@ -186,8 +190,10 @@ def _clean_on_cpu(
     row_owner: torch.Tensor,
     page_size: int,
     total_tokens: int,
+    allowed: np.ndarray | None = None,
 ) -> bool:
-    """CPU fast path: adopt this step's pages, then say whether every slot of every row is its owner's.
+    """CPU fast path: adopt this step's pages, then say whether every slot of every row is its owner's (or, with
+    ``allowed``, one its owner may read).
 
     On CPU reading a value back costs nothing, so the common case (no foreign slot) needs only a copy of the
     row windows and one comparison per token. Returns False on anything else (a foreign, FREE, shared or
@@ -200,7 +206,7 @@ def _clean_on_cpu(
     if req_pool_indices.numel() <= _ROW_LOOP_MAX:
         return _clean_by_row(
             req_to_token.numpy(), req_pool_indices.tolist(), write_start.tolist(), seq_lens.tolist(),
-            row_owner.numpy(), page_owner.numpy(), page_size,
+            row_owner.numpy(), page_owner.numpy(), page_size, allowed,
         )  # fmt: skip
     rows = req_pool_indices.numpy().astype(np.int64, copy=False)
     owners = row_owner.numpy()[rows]  # [B]
@@ -212,7 +218,9 @@ def _clean_on_cpu(
     if width > req_to_token.shape[1]:
         return False
     if width * lens.size <= 2 * total_tokens + _PAD_SLACK:
-        return _clean_padded(req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size, width)
+        return _clean_padded(
+            req_to_token.numpy(), rows, starts, lens, owners, page_owner.numpy(), page_size, width, allowed
+        )
     rows_t, starts_t, lens_t, owners_t = (torch.from_numpy(x) for x in (rows, starts, lens, owners))
     segments = _segments_small if owners.size <= _SMALL_BATCH else _segments_large
     slots, me = segments(req_to_token, rows_t, torch.zeros_like(lens_t), lens_t, owners_t, total_tokens)
@@ -246,6 +254,7 @@ def _clean_by_row(
     row_owner: np.ndarray,
     page_owner: np.ndarray,
     page_size: int,
+    allowed: np.ndarray | None = None,
 ) -> bool:
     """:func:`_clean_on_cpu` reading each window in place, for a batch of a few rows given as host lists (three
     ``tolist`` calls instead of a dozen array operations: this runs before every forward of a lone request).
@@ -253,7 +262,7 @@ def _clean_by_row(
     left to the full pass, which settles it by the larger owner); MUTATES ``page_owner`` then, exactly as the full
     pass would."""
     if len(rows) == 1:
-        return _clean_one_row(req_to_token, rows[0], write_start[0], lens[0], row_owner, page_owner, page_size)
+        return _clean_one_row(req_to_token, rows[0], write_start[0], lens[0], row_owner, page_owner, page_size, allowed)
     limit = page_owner.size * page_size
     width = req_to_token.shape[1]
     windows, new_pages, new_owners, owners = [], [], [], set()
@@ -285,7 +294,7 @@ def _clean_by_row(
             if bool((same_page & (me[order][1:] != me[order][:-1])).any()):
                 return False
         page_owner[new] = me
-    return all(bool((page_owner[pages] == owner).all()) for pages, owner in windows)
+    return all(_window_ok(page_owner[pages], owner, allowed) for pages, owner in windows)
 
 
 def _clean_one_row(
@@ -296,6 +305,7 @@ def _clean_one_row(
     row_owner: np.ndarray,
     page_owner: np.ndarray,
     page_size: int,
+    allowed: np.ndarray | None = None,
 ) -> bool:
     """:func:`_clean_by_row` for a batch of one row (no race between owners is possible): a handful of array
     operations, a decode step's single new slot adopted with scalar reads (the lone request's every forward)."""
@@ -321,7 +331,25 @@ def _clean_one_row(
         if not bool(((current == -1) | (current == owner)).all()):
             return False
         page_owner[new] = owner
-    return bool((page_owner[pages] == owner).all())
+    return _window_ok(page_owner[pages], owner, allowed)
+
+
+def _window_ok(current: np.ndarray, owner: int, allowed: np.ndarray | None) -> bool:
+    """Whether every page owner in ``current`` (one window's) is ``owner`` or, with ``allowed``, one it may read."""
+    ok = current == owner
+    if bool(ok.all()):
+        return True
+    other = current[~ok]
+    return _readable(other, np.full(other.size, owner, dtype=np.int64), allowed)
+
+
+def _readable(current: np.ndarray, owners: np.ndarray, allowed: np.ndarray | None) -> bool:
+    """Whether each ``current[i]`` (a page's owner, not the row's) is in ``allowed[owners[i]]``, as the full pass
+    decides (a FREE page never is)."""
+    if allowed is None or int(owners.max()) >= allowed.shape[0] or int(current.min()) < 0:
+        return False
+    extra = allowed[owners]  # [N, K]
+    return bool(((extra == current[:, None]) & (extra >= 0)).any(axis=1).all())
 
 
 # NOTE: a batch whose padded windows (batch x longest window) hold at most twice its tokens plus this many is
@@ -340,16 +368,28 @@ def _clean_padded(
     page_owner: np.ndarray,
     page_size: int,
     width: int,
+    allowed: np.ndarray | None = None,
 ) -> bool:
     """:func:`_clean_on_cpu` on one ``[B, width]`` copy of the windows, columns past a window masked out.
     MUTATES ``page_owner`` (a view of the tensor): the same adoption as :func:`_adopt`."""
     cols = np.arange(width)
-    valid = cols < lens[:, None]  # [B, W]
-    slots = req_to_token[rows, :width].astype(np.int64)  # only the windows copied
-    slots[~valid] = 0
-    if int(slots.min()) < 0 or int(slots.max()) >= page_owner.size * page_size:
-        return False
+    outside = cols >= lens[:, None]  # [B, W] columns past each window
+    slots = req_to_token[rows, :width]  # only the windows copied (int32)
+    slots[outside] = 0
+    if int(slots.view(np.uint32).max()) >= page_owner.size * page_size:
+        return False  # (a negative slot reads as a huge unsigned one)
     pages = slots if page_size == 1 else slots // page_size
+    if bool((starts == lens - 1).all()) and int(lens.min()) > 0:
+        # A decode step: one new column per row, adopted by a plain store when no page is new to two rows (the
+        # allocator hands each row its own; anything else is the full pass's to settle).
+        new_pages = pages[np.arange(rows.size), lens - 1]
+        if np.unique(new_pages).size == new_pages.size:
+            current = page_owner[new_pages]
+            if not bool(((current == -1) | (current == owners)).all()):
+                return False
+            page_owner[new_pages] = owners
+            return _block_ok(page_owner[pages], owners, outside, allowed)
+    valid = ~outside
     new = valid & (cols >= starts[:, None])
     if new.any():
         new_pages = pages[new]
@@ -357,7 +397,16 @@ def _clean_padded(
         current = page_owner[new_pages]
         proposal = np.where((current == -1) | (current == new_me), new_me, -2).astype(page_owner.dtype)
         np.maximum.at(page_owner, new_pages, proposal)  # scatter-amax, as the torch route's scatter_reduce
-    return bool(((page_owner[pages] == owners[:, None]) | ~valid).all())
+    return _block_ok(page_owner[pages], owners, outside, allowed)
+
+
+def _block_ok(current: np.ndarray, owners: np.ndarray, outside: np.ndarray, allowed: np.ndarray | None) -> bool:
+    """:func:`_window_ok` for a ``[B, W]`` block of page owners, columns ``outside`` the windows ignored."""
+    ok = (current == owners[:, None]) | outside
+    if bool(ok.all()):
+        return True
+    row, col = np.nonzero(~ok)
+    return _readable(current[row, col], owners[row].astype(np.int64), allowed)
 
 
 # NOTE: up to this batch size the windows are copied row by row: ``repeat_interleave`` opens a thread-parallel

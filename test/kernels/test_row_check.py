@@ -288,7 +288,8 @@ def test_host_lists_route_then_full_pass_equals_full_pass(data: st.DataObject, p
     want = [t.clone() for t in tensors]
     want_v = torch.zeros(len(rows), dtype=torch.int32)
     _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
-    clean = clean_rows_host(tensors[0], rows, write_start, seq_lens, tensors[4], tensors[5], page_size=page_size)
+    extra = allowed if data.draw(st.booleans()) else None  # shared pages readable here, or handed over
+    clean = clean_rows_host(tensors[0], rows, write_start, seq_lens, tensors[4], tensors[5], extra, page_size=page_size)
     if clean:
         assert int(want_v.sum()) == 0, "the host route passed a batch the full pass refuses"
     else:
@@ -315,6 +316,17 @@ def test_host_lists_route_positive_control() -> None:
     req_to_token[1, :3] = torch.tensor([1, 2, 5], dtype=torch.int32)  # the new column on another owner's page
     assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
     assert int(page_owner[5]) == 2
+    # A shared prefix its owner may read: decided here with ``allowed``, handed over without it.
+    page_owner[6] = SHARED
+    allowed = _allowed(torch.device("cpu"))
+    row_owner[1] = 0
+    page_owner[1] = page_owner[2] = 0
+    req_to_token[1, :3] = torch.tensor([6, 1, 2], dtype=torch.int32)
+    assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, page_size=1)
+    assert clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, allowed, page_size=1)
+    row_owner[1] = 1  # owner 1 may not read it
+    page_owner[1] = page_owner[2] = 1
+    assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, allowed, page_size=1)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -330,9 +330,10 @@ class OwnerTable:
             self._check_swa(self.swa, rows, seq_lens, write_start)
 
     def _clean_on_host(self, forward_batch: Any, rows: torch.Tensor) -> bool:
-        """The CPU route of a plain KV pool: a batch whose every slot is its row owner's is decided from host
-        lists alone (adopting this step's pages); anything else (False) takes the full pass below, which adopts
-        the same pages again as a no-op and counts what it refuses. Speculative verify passes always take it."""
+        """The CPU route of a plain KV pool: a batch whose every slot is its row owner's or one it may read (a
+        declared shared prefix, the zero page) is decided from host lists alone (adopting this step's pages);
+        anything else (False) takes the full pass below, which adopts the same pages again as a no-op and counts
+        what it refuses. Speculative verify passes always take it."""
         from sglang_iso_kernels import clean_rows_host
 
         mode = forward_batch.forward_mode
@@ -349,7 +350,7 @@ class OwnerTable:
             return False
         return clean_rows_host(
             self.cache.req_to_token_pool.req_to_token, rows.tolist(), list(starts), ends, self.page_owner,
-            self.row_owner, page_size=self.page_size,
+            self.row_owner, self.allowed, page_size=self.page_size,
         )  # fmt: skip
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
