@@ -181,3 +181,40 @@ def test_the_zero_page_is_zero_in_dsa_index_keys_of_target_and_draft() -> None:
     table._rezero()
     assert zero_everywhere(target) and zero_everywhere(draft)
     assert all(bool(torch.all(b[other] == 0x5A)) for b in pool_tensors(draft).pages)  # control
+
+
+def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The CPU route's rule: a batch whose slots are all its rows' own (or readable: a declared shared prefix) is
+    decided from host lists, adopting its new pages; a planted slot hands the batch to ``sanitize_rows``, which
+    redirects and counts it."""
+    import sglang_iso_kernels
+
+    full_passes = []
+    real = sglang_iso_kernels.sanitize_rows
+    monkeypatch.setattr(sglang_iso_kernels, "sanitize_rows", lambda *a, **k: full_passes.append(1) or real(*a, **k))
+    table, cache = _table(shared_reader="ns-a")
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    table.mark_shared([5], "prompt")
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2], table.row_owner[3] = a, b, a
+    rtt[1, :3] = torch.tensor([5, 10, 11])  # a reads the shared page, then its own new pages
+    rtt[2, :2] = torch.tensor([20, 21])
+    rtt[3, :2] = torch.tensor([24, 25])
+    table.check_batch(_batch([1, 2, 3], [3, 2, 2], [1, 0, 0]))  # a prefill of three rows
+    assert full_passes == [] and table.violations == 0
+    assert table.page_owner[[10, 11, 20, 21, 24, 25]].tolist() == [a, a, b, b, a, a]
+    decode = SimpleNamespace(
+        req_pool_indices=torch.tensor([1, 2, 3]),
+        seq_lens=torch.tensor([4, 3, 3]),
+        seq_lens_sum=10,
+        forward_mode=SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False),
+    )
+    rtt[1, 3], rtt[2, 2], rtt[3, 2] = 12, 22, 26  # each row's decode slot
+    table.check_batch(decode)
+    assert full_passes == [] and table.page_owner[[12, 22, 26]].tolist() == [a, b, a]
+    rtt[2, 0] = 10  # b's row now points at a's page: the full pass takes it
+    table.check_batch(_batch([1, 2], [4, 3], [4, 3]))
+    assert full_passes == [1] and table.violations == 1 and table.violating_rows == {2}
+    assert int(rtt[2, 0]) == table.zero_page * table.page_size and rtt[1, :4].tolist() == [5, 10, 11, 12]

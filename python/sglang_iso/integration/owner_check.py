@@ -14,7 +14,10 @@ Before every ``ModelRunner.forward``, whatever the attention backend: every
 backend (FlashInfer, Triton, FlashAttention, torch_native, eager or CUDA graph
 replay) reads a request's KV slots from its ``req_to_token`` row, so the rows
 are sanitized in place first, for the whole batch in one pass
-(``sanitize_rows`` from ``sgl-kernel-patches``: Triton on GPU, torch on CPU).
+(``sanitize_rows`` from ``sgl-kernel-patches``: Triton on GPU, torch on CPU; on
+CPU a plain pool's batch is first tried from host lists, ``clean_rows_host``, which
+decides a batch whose every slot is its row's own or readable and hands anything
+else to the full pass).
 The pages a request writes in this step are adopted if FREE or already its
 own; every other slot of its row window must be its own, a shared prefix it may
 read, or the zero page. Anything else is replaced by the dedicated zero page

@@ -314,6 +314,16 @@ HOOKED_SYMBOLS: tuple[HookedSymbol, ...] = (
         "the owner check widens its window by spec_info.draft_token_num on a verify forward",
     ),
     HookedSymbol(
+        "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
+        ("self", "include_draft_extend_v2"),
+        "the owner check's write start: the extend prefix lengths (extend_prefix_lens_cpu on the host route)",
+    ),
+    HookedSymbol(
+        "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_decode",
+        ("self",),
+        "the owner check's host route: a decode step writes each row's last column",
+    ),
+    HookedSymbol(
         "sglang.kernels.ops.speculative.reconstruct_tree:reconstruct_indices_from_tree_mask_func",
         ("tree_mask", "verified_seq_len", "positions", "batch_size", "draft_token_num"),
         "calls sgl_kernel.speculative.reconstruct_indices_from_tree_mask on CPU (platform/spec_cpu.py)",
