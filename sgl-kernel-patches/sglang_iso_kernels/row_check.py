@@ -115,17 +115,7 @@ def clean_rows_host(
     int32, ``page_owner``, ``row_owner`` and ``allowed`` int32.
     """
     extra = allowed.numpy() if allowed is not None else None
-    if len(rows) <= _ROW_LOOP_MAX:
-        return _clean_by_row(
-            req_to_token.numpy(), rows, write_start, seq_lens, row_owner.numpy(), page_owner.numpy(), page_size,
-            extra,
-        )  # fmt: skip
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
-    starts = torch.tensor(write_start, dtype=torch.int64)
-    return _clean_on_cpu(
-        req_to_token, torch.tensor(rows, dtype=torch.int64), lens, starts, page_owner, row_owner, page_size,
-        sum(seq_lens), extra,
-    )  # fmt: skip
+    return _clean_host(req_to_token, rows, write_start, seq_lens, page_owner, row_owner, page_size, extra)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,17 +193,36 @@ def _clean_on_cpu(
     NOTE: it works on numpy views of the tensors (no copy, same memory): a small numpy operation costs about a
     tenth of a torch one, and this runs before every forward, for batches of a few rows.
     """
-    if req_pool_indices.numel() <= _ROW_LOOP_MAX:
+    rows, starts, lens = req_pool_indices.tolist(), write_start.tolist(), seq_lens.tolist()
+    return _clean_host(req_to_token, rows, starts, lens, page_owner, row_owner, page_size, allowed, total_tokens)
+
+
+def _clean_host(
+    req_to_token: torch.Tensor,
+    rows_list: list[int],
+    starts_list: list[int],
+    lens_list: list[int],
+    page_owner: torch.Tensor,
+    row_owner: torch.Tensor,
+    page_size: int,
+    allowed: np.ndarray | None,
+    total_tokens: int | None = None,
+) -> bool:
+    """:func:`_clean_on_cpu` on host lists (what :func:`clean_rows_host` is): a few rows are read in place, a larger
+    batch as one padded copy or window by window."""
+    if len(rows_list) <= _ROW_LOOP_MAX:
         return _clean_by_row(
-            req_to_token.numpy(), req_pool_indices.tolist(), write_start.tolist(), seq_lens.tolist(),
-            row_owner.numpy(), page_owner.numpy(), page_size, allowed,
+            req_to_token.numpy(), rows_list, starts_list, lens_list, row_owner.numpy(), page_owner.numpy(),
+            page_size, allowed,
         )  # fmt: skip
-    rows = req_pool_indices.numpy().astype(np.int64, copy=False)
+    if total_tokens is None:
+        total_tokens = sum(lens_list)
+    rows = np.asarray(rows_list, dtype=np.int64)
     owners = row_owner.numpy()[rows]  # [B]
     if bool((owners < 0).any()):
         return False  # untracked rows are skipped by the full pass
-    lens = seq_lens.numpy().astype(np.int64, copy=False)
-    starts = np.minimum(np.maximum(write_start.numpy().astype(np.int64, copy=False), 0), lens)
+    lens = np.asarray(lens_list, dtype=np.int64)
+    starts = np.minimum(np.maximum(np.asarray(starts_list, dtype=np.int64), 0), lens)
     width = int(lens.max())
     if width > req_to_token.shape[1]:
         return False
@@ -263,19 +272,14 @@ def _clean_by_row(
     pass would."""
     if len(rows) == 1:
         return _clean_one_row(req_to_token, rows[0], write_start[0], lens[0], row_owner, page_owner, page_size, allowed)
-    limit = page_owner.size * page_size
-    width = req_to_token.shape[1]
     windows, new_pages, new_owners, owners = [], [], [], set()
     for row, start, end in zip(rows, write_start, lens, strict=True):
         owner = int(row_owner[row])
-        if owner < 0 or not 0 <= end <= width:
-            return False  # an untracked row (the full pass skips it) or a window outside the table
+        pages = _window_pages(req_to_token, row, owner, end, page_owner.size, page_size)
+        if pages is None:
+            return False
         if end == 0:
             continue
-        slots = req_to_token[row, :end]
-        if int(slots.view(np.uint32).max()) >= limit:
-            return False  # (a negative slot reads as a huge unsigned one: one reduction checks both ends)
-        pages = slots if page_size == 1 else slots // page_size
         windows.append((pages, owner))
         owners.add(owner)
         start = min(max(start, 0), end)
@@ -310,14 +314,11 @@ def _clean_one_row(
     """:func:`_clean_by_row` for a batch of one row (no race between owners is possible): a handful of array
     operations, a decode step's single new slot adopted with scalar reads (the lone request's every forward)."""
     owner = int(row_owner[row])
-    if owner < 0 or not 0 <= end <= req_to_token.shape[1]:
+    pages = _window_pages(req_to_token, row, owner, end, page_owner.size, page_size)
+    if pages is None:
         return False
     if end == 0:
         return True
-    slots = req_to_token[row, :end]
-    if int(slots.view(np.uint32).max()) >= page_owner.size * page_size:
-        return False
-    pages = slots if page_size == 1 else slots // page_size
     start = min(max(start, 0), end)
     if end - start == 1:
         page = int(pages[start])
@@ -332,6 +333,19 @@ def _clean_one_row(
             return False
         page_owner[new] = owner
     return _window_ok(page_owner[pages], owner, allowed)
+
+
+def _window_pages(
+    req_to_token: np.ndarray, row: int, owner: int, end: int, num_pages: int, page_size: int
+) -> np.ndarray | None:
+    """The pages of ``row``'s window ``[0, end)`` (a view for page size 1), or None when the fast path cannot
+    decide it: an untracked row (the full pass skips it), a window outside the table, a slot outside the pool."""
+    if owner < 0 or not 0 <= end <= req_to_token.shape[1]:
+        return None
+    slots = req_to_token[row, :end]
+    if end and int(slots.view(np.uint32).max()) >= num_pages * page_size:
+        return None  # (a negative slot reads as a huge unsigned one: one reduction checks both ends)
+    return slots if page_size == 1 else slots // page_size
 
 
 def _window_ok(current: np.ndarray, owner: int, allowed: np.ndarray | None) -> bool:

@@ -219,12 +219,13 @@ def _draw_batch(data: st.DataObject, page_size: int, max_rows: int = 4, wild: bo
     return page_owner, rows, row_owner, req_to_token, seq_lens, write_start
 
 
-@settings(max_examples=150, deadline=None)
-@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]), route=st.sampled_from(sorted(ROUTES)))
-def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, route: str) -> None:
-    """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over),
-    through each of its routes."""
-    page_owner, rows, row_owner, req_to_token, seq_lens, write_start = _draw_batch(data, page_size)
+def _with_full_pass(page_owner, rows, row_owner, req_to_token, seq_lens, write_start, page_size):  # type: ignore[no-untyped-def]
+    """A drawn batch as ``sanitize_rows``'s tensors, the allowed table, and what the full torch pass makes of copies
+    of them (tables and refused slots per request): the reference of the fast-path tests.
+
+    NOTE: the full torch pass is the reference here (it is checked against the per-request reference above); the
+    plain reference would differ only where two owners race for one FREE page. Negative or past-the-pool slots are
+    the full pass's to redirect; the reference gets the same inputs."""
     tensors = (
         req_to_token,
         torch.tensor(rows, dtype=torch.int64),
@@ -234,11 +235,21 @@ def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, ro
         torch.tensor(row_owner, dtype=torch.int32),
     )
     allowed = _allowed(torch.device("cpu"))
-    # NOTE: the full torch pass is the reference here (it is checked against the per-request reference above);
-    # the plain reference would differ only where two owners race for one FREE page (see the test above).
     want = [t.clone() for t in tensors]
     want_v = torch.zeros(len(rows), dtype=torch.int32)
     _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
+    return tensors, allowed, want, want_v
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), page_size=st.sampled_from([1, 2, 4]), route=st.sampled_from(sorted(ROUTES)))
+def test_cpu_fast_path_matches_reference(data: st.DataObject, page_size: int, route: str) -> None:
+    """Random pools and rows, mostly clean (the CPU fast path answers) and sometimes not (it hands over),
+    through each of its routes."""
+    page_owner, rows, row_owner, req_to_token, seq_lens, write_start = _draw_batch(data, page_size)
+    tensors, allowed, want, want_v = _with_full_pass(
+        page_owner, rows, row_owner, req_to_token, seq_lens, write_start, page_size
+    )
     slack, row_loop = ROUTES[route]
     with mock.patch.object(row_check, "_PAD_SLACK", slack), mock.patch.object(row_check, "_ROW_LOOP_MAX", row_loop):
         violations = sanitize_rows(
@@ -275,19 +286,9 @@ def test_host_lists_route_then_full_pass_equals_full_pass(data: st.DataObject, p
     the full pass leaves the tables exactly as the full pass alone; when it says yes, the full pass would have
     refused nothing. One row, two and more, decode steps and prefills, slots off either end of the pool."""
     page_owner, rows, row_owner, req_to_token, seq_lens, write_start = _draw_batch(data, page_size, 5, wild=True)
-    tensors = (
-        req_to_token,
-        torch.tensor(rows, dtype=torch.int64),
-        torch.tensor(seq_lens, dtype=torch.int64),
-        torch.tensor(write_start, dtype=torch.int64),
-        torch.tensor(page_owner, dtype=torch.int32),
-        torch.tensor(row_owner, dtype=torch.int32),
+    tensors, allowed, want, want_v = _with_full_pass(
+        page_owner, rows, row_owner, req_to_token, seq_lens, write_start, page_size
     )
-    allowed = _allowed(torch.device("cpu"))
-    # Negative or past-the-pool slots are the full pass's to redirect; the reference gets the same inputs.
-    want = [t.clone() for t in tensors]
-    want_v = torch.zeros(len(rows), dtype=torch.int32)
-    _sanitize_torch(*want, allowed, page_size, ZERO_PAGE, sum(seq_lens), want_v)
     extra = allowed if data.draw(st.booleans()) else None  # shared pages readable here, or handed over
     clean = clean_rows_host(tensors[0], rows, write_start, seq_lens, tensors[4], tensors[5], extra, page_size=page_size)
     if clean:
