@@ -196,10 +196,11 @@ def greedy_one_by_one(
 
 
 def assert_greedy_equal(output: list[int], reference: list[int], gaps: list[float]) -> None:
-    """Speculative output equals the reference; it may part from it only where the reference's top two tokens tie.
+    """``output`` equals the reference; it may part from it only where the reference's top two tokens tie.
 
-    A verify pass scores several tokens in one extend, the reference one token per prefill: the float sums differ in
-    the last bits, so an exact tie between two tokens can break either way. Anything else is a real difference.
+    Two computations of the same context (a speculative verify pass against one token per prefill, a reused state
+    snapshot against a recomputation) differ in the last bits of their float sums, so a tie between two tokens can
+    break either way. Anything else is a real difference.
     """
     assert len(output) == len(reference)
     for i, (got, want) in enumerate(zip(output, reference, strict=True)):
