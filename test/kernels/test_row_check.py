@@ -330,6 +330,42 @@ def test_host_lists_route_positive_control() -> None:
     assert not clean_rows_host(req_to_token, [1], [2], [3], page_owner, row_owner, allowed, page_size=1)
 
 
+def test_host_lists_route_decides_a_decode_step_of_many_rows() -> None:
+    """A decode step of several rows (one new column each) is decided on the windows joined end to end: the new
+    pages adopted, with one owner or several, a shared page read with ``allowed``; a FREE page in an old column and
+    a new page two rows claim are handed over (the full pass counts the one and settles the other)."""
+    req_to_token = torch.zeros(R, 8, dtype=torch.int32)
+    page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
+    row_owner = torch.full((R,), FREE, dtype=torch.int32)
+    rows, lens = [1, 2, 4], [3, 2, 3]
+    windows = {1: [1, 2, 10], 2: [4, 11], 4: [5, 6, 12]}
+    for row, window in windows.items():
+        req_to_token[row, : len(window)] = torch.tensor(window, dtype=torch.int32)
+        row_owner[row] = 1
+        page_owner[window[:-1]] = 1
+    starts = [n - 1 for n in lens]
+    assert clean_rows_host(req_to_token, rows, starts, lens, page_owner, row_owner, page_size=1)  # control
+    assert page_owner[[10, 11, 12]].tolist() == [1, 1, 1]
+    row_owner[2] = page_owner[4] = 2  # two owners in one step
+    req_to_token[2, 1] = 13
+    assert clean_rows_host(req_to_token, rows, starts, lens, page_owner, row_owner, page_size=1)
+    assert int(page_owner[13]) == 2
+    row_owner[2], page_owner[4] = 0, 0
+    req_to_token[2, :2] = torch.tensor([SHARED, 4], dtype=torch.int32)  # owner 0 reads the shared page
+    page_owner[SHARED] = SHARED
+    assert not clean_rows_host(req_to_token, rows, [2, 1, 2], lens, page_owner, row_owner, page_size=1)
+    assert clean_rows_host(req_to_token, rows, [2, 1, 2], lens, page_owner, row_owner, _allowed(torch.device("cpu")),
+                           page_size=1)  # fmt: skip
+    req_to_token[4, 0] = 15  # a FREE page in an old column
+    assert not clean_rows_host(req_to_token, rows, starts, lens, page_owner, row_owner, page_size=1)
+    req_to_token[4, 0] = 5
+    row_owner[2], page_owner[4] = 2, 2
+    req_to_token[2, :2] = torch.tensor([4, 16], dtype=torch.int32)
+    req_to_token[1, 2] = 16  # a new page two owners claim: the larger takes it, as in the full pass
+    assert not clean_rows_host(req_to_token, rows, starts, lens, page_owner, row_owner, page_size=1)
+    assert int(page_owner[16]) == 2
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_small_and_large_batch_segments_agree(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
