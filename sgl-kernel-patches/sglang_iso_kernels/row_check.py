@@ -440,10 +440,7 @@ def _clean_decode(
     current = page_owner.take(pages)
     first = int(owners[0])
     if bool((owners == first).all()):  # one owner (a lone tenant's batch): a scalar comparison
-        ok = current == first
-        if bool(ok.all()):
-            return True
-        return _readable(current[~ok], np.full(int((~ok).sum()), first, dtype=np.int64), allowed)
+        return _window_ok(current, first, allowed)
     me = np.repeat(owners.astype(np.int64), lens)
     ok = current == me
     return bool(ok.all()) or _readable(current[~ok], me[~ok], allowed)
