@@ -61,15 +61,6 @@ def check_body(allowed: Collection[str], body: Mapping[str, Any]) -> AdapterRefu
     return refused_adapter(allowed, names)
 
 
-def check_body_bytes(allowed: Collection[str], raw: bytes) -> AdapterRefusal | None:
-    """:func:`check_body` on a raw request body; a body that is not a JSON object is left to SGLang."""
-    try:
-        obj = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return check_body(allowed, obj) if isinstance(obj, dict) else None
-
-
 def refused_adapter(allowed: Collection[str], names: Collection[str]) -> AdapterRefusal | None:
     """The refusal for the first of ``names`` not in ``allowed``, or None."""
     for name in names:

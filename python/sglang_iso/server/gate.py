@@ -302,14 +302,13 @@ class TenantGate:
             body = await self._receive_body(scope, receive, send, tenant)
         if body is None:
             return
-        checked = request_rules.check_body(
+        checked = request_rules.check_body_parsed(
             body, tenant, self.limits, path=str(scope.get("path", "")), pd=self.pd, from_router=from_router
         )
         if isinstance(checked, Refusal):
             await self._error(send, checked.status, checked.code, checked.message, param=checked.field)
             return
-        # NOTE: after the body rules, which bound the JSON's depth for this second parse.
-        adapter_refusal = adapters.check_body_bytes(principal.adapters, body)
+        adapter_refusal = adapters.check_body(principal.adapters, checked.obj) if checked.obj is not None else None
         if adapter_refusal is not None:
             kind = "permission_error" if adapter_refusal.status == 403 else "invalid_request_error"
             await self._error(
@@ -317,7 +316,7 @@ class TenantGate:
                 f"{adapter_refusal.field}: {adapter_refusal.reason}.", kind, param=adapter_refusal.field,
             )  # fmt: skip
             return
-        verdict, budget_field = self._rate(tenant, checked)
+        verdict, budget_field = self._rate(tenant, checked.obj)
         if verdict is not None and not verdict.admitted:
             await self._rate_refusal(send, tenant, verdict, budget_field, str(scope.get("path", "")))
             return
@@ -338,7 +337,7 @@ class TenantGate:
         scope.setdefault("state", {})[STATE_TENANT] = tenant
         if asked is not None:
             scope["state"][STATE_CACHE_TTL] = asked
-        app_receive, app_send = _replay(checked, receive), send
+        app_receive, app_send = _replay(checked.body, receive), send
         meter: _Meter | None = None
         if verdict is not None and self.rates is not None:
             meter = _Meter(self.rates, tenant, verdict.reserved_tokens)
@@ -359,7 +358,7 @@ class TenantGate:
         own = self.internal_key
         return own is not None and hmac.compare_digest(key.encode(), own.encode())
 
-    def _rate(self, tenant: str, body: bytes) -> tuple[Verdict | None, str]:
+    def _rate(self, tenant: str, obj: dict[str, Any] | None) -> tuple[Verdict | None, str]:
         """Charge ``tenant``'s rate limits for one checked body (its reservation: :mod:`.rate_limits`); the verdict
         and the body's budget field; no verdict for a tenant without rate limits."""
         limits = self.rates.limits(tenant) if self.rates is not None else None
@@ -367,11 +366,7 @@ class TenantGate:
             return None, ""
         tokens, field = 0, ""
         if limits.tokens_per_minute is not None:
-            try:
-                obj = json.loads(body) if body else {}
-            except (ValueError, RecursionError):
-                obj = {}
-            obj = obj if isinstance(obj, dict) else {}
+            obj = obj if obj is not None else {}
             tokens, field = rate_limits.reservation(obj, self.count_tokens), rate_limits.budget_field(obj)
         return self.rates.admit(tenant, tokens), field
 

@@ -101,8 +101,29 @@ def check_body(
     router forwards for ``tenant``: it may carry the bootstrap fields, and its request ids are already in the
     tenant's id space (:mod:`sglang_iso.server.pd_rules`).
     """
+    checked = check_body_parsed(body, tenant, limits, path=path, pd=pd, from_router=from_router)
+    return checked if isinstance(checked, Refusal) else checked.body
+
+
+class Checked(NamedTuple):
+    """A body that passed the rules: the bytes to forward, and the JSON object they hold (None for an empty body)."""
+
+    body: bytes
+    obj: dict[str, Any] | None
+
+
+def check_body_parsed(
+    body: bytes,
+    tenant: str,
+    limits: Limits | None,
+    *,
+    path: str = "",
+    pd: PdRole | None = None,
+    from_router: bool = False,
+) -> Checked | Refusal:
+    """:func:`check_body`, also handing back the parsed object, so that later checks need not parse it again."""
     if not body.strip():
-        return body
+        return Checked(body, None)
     try:
         obj = json.loads(body, parse_constant=_no_constant)
     except (ValueError, RecursionError):
@@ -122,7 +143,7 @@ def check_body(
         return _bad(pd_refusal.field, pd_refusal.reason)
     if from_router:
         # NOTE: the gate resolved ``tenant`` from these very ids (router_tenant), so they are already prefixed.
-        return body
+        return Checked(body, obj)
     changed = False
     for field in RID_FIELDS:
         value = obj.get(field)
@@ -136,7 +157,7 @@ def check_body(
             )  # fmt: skip
         obj[field] = prefixed
         changed = True
-    return json.dumps(obj).encode() if changed else body
+    return Checked(json.dumps(obj).encode() if changed else body, obj)
 
 
 def _no_constant(name: str) -> Any:
@@ -164,8 +185,14 @@ def _depth(obj: object) -> int:
         deepest = max(deepest, depth)
         if deepest > MAX_JSON_DEPTH:
             return deepest
-        stack.extend((child, depth + 1) for child in children)
+        # NOTE: only containers go on the stack, and a prompt of token ids is looked at in C, not a tuple per id.
+        kinds = set(map(type, children))
+        if dict in kinds or list in kinds:
+            stack.extend((child, depth + 1) for child in children if type(child) in _CONTAINERS)
     return deepest
+
+
+_CONTAINERS = (dict, list)  # what json.loads builds that can nest
 
 
 def _prefix_rid(value: object, tenant: str) -> str | list[str] | None:
@@ -181,7 +208,7 @@ def _check_values(obj: dict[str, Any], limits: Limits | None) -> Refusal | None:
         value = obj.get(field)
         if value is None:
             continue
-        if value in ("", []) or (isinstance(value, list) and any(item in ("", []) for item in value)):
+        if value in ("", []) or (isinstance(value, list) and ("" in value or [] in value)):
             return _bad(field, "must not be empty (nor any item of a batch)")
     params = obj.get("sampling_params")
     scopes: list[tuple[str, dict[str, Any]]] = [("", obj)]
@@ -257,10 +284,16 @@ def _ids_in_vocab(field: str, value: object, limits: Limits, *, allow_text: bool
             continue
         if not isinstance(row, list):
             return _bad(field, "must be a list of token ids")
+        # NOTE: the common case in C: every item exactly an int (a bool is not), all within the vocabulary.
+        if row and set(map(type, row)) == _INT_ONLY and min(row) >= 0 and max(row) < limits.vocab_size:
+            continue
         for token in row:
             if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < limits.vocab_size:
                 return _bad(field, f"token ids must be integers in [0, {limits.vocab_size})")
     return None
+
+
+_INT_ONLY = {int}
 
 
 def _top_logprobs(prefix: str, scope: dict[str, Any], _limits: Limits | None) -> Refusal | None:

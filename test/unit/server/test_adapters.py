@@ -57,14 +57,6 @@ def test_no_adapters_allowed_by_default() -> None:
     assert refusal is not None and refusal.status == 403
 
 
-def test_bytes_that_are_not_a_json_object_are_left_to_sglang() -> None:
-    assert adapters.check_body_bytes(ALLOWED, b"{not json") is None
-    assert adapters.check_body_bytes(ALLOWED, b"[1, 2]") is None
-    assert adapters.check_body_bytes(ALLOWED, b"") is None
-    refusal = adapters.check_body_bytes(ALLOWED, json.dumps({"lora_path": "x"}).encode())
-    assert refusal is not None and refusal.status == 403
-
-
 def test_content_hash_tracks_names_and_bytes(tmp_path: Path) -> None:
     one = tmp_path / "one"
     one.mkdir()

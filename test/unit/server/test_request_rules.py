@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_iso.server.request_rules import MAX_TOP_LOGPROBS, Limits, Refusal, check_body
+from sglang_iso.server.request_rules import (
+    MAX_JSON_DEPTH,
+    MAX_TOP_LOGPROBS,
+    Limits,
+    Refusal,
+    check_body,
+    check_body_parsed,
+)
 
 LIMITS = Limits(vocab_size=2048, context_len=8192)
 
@@ -25,6 +32,9 @@ def check(obj: Any, tenant: str = "acme") -> bytes | Refusal:
         ({"input_ids": [-1]}, "input_ids"),
         ({"input_ids": [[1, 2], [3, 9999]]}, "input_ids"),
         ({"input_ids": [1.5]}, "input_ids"),
+        ({"input_ids": [1, True]}, "input_ids"),  # a bool is not a token id (an int subclass in Python)
+        ({"input_ids": [[1, 2], [3, False]]}, "input_ids"),
+        ({"input_ids": [1, "2"]}, "input_ids"),
         ({"tokens": [70000]}, "tokens"),
         ({"prompt": [1, 2, 4096]}, "prompt"),
         ({"messages": [], "top_logprobs": 5000, "logprobs": True}, "top_logprobs"),
@@ -110,3 +120,36 @@ def test_never_raises_and_never_forwards_a_foreign_rid(body: dict[str, Any], ten
 def test_arbitrary_bytes_never_raise(raw: bytes) -> None:
     out = check_body(raw, "acme", LIMITS)
     assert isinstance(out, Refusal) or out == raw
+
+
+@pytest.mark.parametrize("where", ["among_ids", "sampling_params", "top"])
+def test_depth_counts_containers_wherever_they_nest(where: str) -> None:
+    """Nesting past ``MAX_JSON_DEPTH`` is refused whether it sits among token ids, in an object or at the top;
+    the same body one level shallower passes the depth rule (and is refused, if at all, for something else)."""
+
+    def nested(levels: int) -> Any:
+        value: Any = [1, 2]
+        for _ in range(levels - 1):
+            value = [3, value, 4]
+        return value
+
+    def body(levels: int) -> dict[str, Any]:
+        if where == "among_ids":
+            return {"text": "x", "extra": [5] * 100 + [nested(levels - 2)]}
+        if where == "sampling_params":
+            return {"text": "x", "sampling_params": {"max_new_tokens": 4, "regex": nested(levels - 2)}}
+        return {"text": "x", "top": nested(levels - 1)}
+
+    too_deep = check(body(MAX_JSON_DEPTH + 1))
+    assert isinstance(too_deep, Refusal) and too_deep.code == "invalid_json" and "deeper" in too_deep.message
+    at_limit = check(body(MAX_JSON_DEPTH))
+    assert not (isinstance(at_limit, Refusal) and "deeper" in at_limit.message), at_limit
+
+
+def test_checked_body_hands_back_the_object_it_forwards() -> None:
+    raw = json.dumps({"text": "x", "rid": "job1", "input_ids": None}).encode()
+    out = check_body_parsed(raw, "acme", LIMITS)
+    assert not isinstance(out, Refusal)
+    assert json.loads(out.body) == out.obj and out.obj["rid"] == "acme.job1"  # the object is the forwarded one
+    empty = check_body_parsed(b"  ", "acme", LIMITS)
+    assert not isinstance(empty, Refusal) and empty.obj is None and empty.body == b"  "
