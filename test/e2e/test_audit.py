@@ -94,18 +94,32 @@ def test_upstream_shares_across_clients(upstream: ServerProcess, tmp_path: Path)
 def test_iso_isolates_tenants_same_tenant_still_shares(
     iso: ServerProcess, keys: dict[str, str], tmp_path: Path
 ) -> None:
-    results = _audit(
-        tmp_path,
+    argv = (
         *("--base-url", iso.base_url, "--api", "openai", "--scopes", "same-tenant,other-tenant"),
         *("--victim-key", keys["acme"], "--same-tenant-key", keys["acme-2"], "--attacker-key", keys["globex"]),
     )
+    results = _audit(tmp_path, *argv)
     same, other = results["same-tenant"], results["other-tenant"]
     # Positive control in the same run: caching is on and shared inside the tenant.
     assert same["detected"] and same["p_value"] < ALPHA, same
     assert same["oracle"]["attacker_cached_median"] > 0, same
-    # Isolation: timing indistinguishable from certain misses, and the oracle says nothing: at most the one or
-    # two tokens that random prompts of the attacker's own namespace share by chance (first syllables).
+    _assert_no_oracle_sharing(other)
+    if other["detected"]:
+        # A timing verdict at ALPHA is a false positive in about one run in 1/ALPHA by construction, more often on
+        # this 2-core host where the client and three server processes share the cores. A real cross-tenant hit
+        # is flagged at p < 1e-8 (the same-tenant control above) and again in a second run with fresh prompts.
+        print(f"other-tenant flagged by timing alone (p = {other['p_value']:.3g}); confirming with fresh prompts")
+        again = _audit(tmp_path / "confirm", *argv)
+        assert again["same-tenant"]["detected"], again["same-tenant"]
+        other = again["other-tenant"]
+        _assert_no_oracle_sharing(other)
+    # Isolation: timing indistinguishable from certain misses.
     assert not other["detected"] and other["p_value"] > ALPHA, other
+    assert (tmp_path / "audit.png").exists()
+
+
+def _assert_no_oracle_sharing(other: dict) -> None:
+    """The oracle says nothing: at most the one or two tokens that random prompts of the attacker's own namespace
+    share by chance (first syllables)."""
     assert not other["oracle"]["detected"], other
     assert other["oracle"]["attacker_cached_max"] < 0.01 * other["oracle"]["prompt_tokens_median"], other
-    assert (tmp_path / "audit.png").exists()
