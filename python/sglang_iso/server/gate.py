@@ -302,7 +302,7 @@ class TenantGate:
             body = await self._receive_body(scope, receive, send, tenant)
         if body is None:
             return
-        checked = request_rules.check_body_parsed(
+        checked = request_rules.check_body(
             body, tenant, self.limits, path=str(scope.get("path", "")), pd=self.pd, from_router=from_router
         )
         if isinstance(checked, Refusal):

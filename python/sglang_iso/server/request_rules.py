@@ -86,6 +86,13 @@ class Refusal(NamedTuple):
     message: str
 
 
+class Checked(NamedTuple):
+    """A body that passed the rules: the bytes to forward, and the JSON object they hold (None for an empty body)."""
+
+    body: bytes
+    obj: dict[str, Any] | None
+
+
 def check_body(
     body: bytes,
     tenant: str,
@@ -94,34 +101,14 @@ def check_body(
     path: str = "",
     pd: PdRole | None = None,
     from_router: bool = False,
-) -> bytes | Refusal:
-    """The body to forward for ``tenant``, or the reason to refuse it. Never raises.
+) -> Checked | Refusal:
+    """The body to forward for ``tenant`` with the JSON object it holds (later checks need not parse it again),
+    or the reason to refuse it. Never raises.
 
     ``pd`` is this worker's prefill/decode role (None: not disaggregated); ``from_router`` marks a body the PD
     router forwards for ``tenant``: it may carry the bootstrap fields, and its request ids are already in the
     tenant's id space (:mod:`sglang_iso.server.pd_rules`).
     """
-    checked = check_body_parsed(body, tenant, limits, path=path, pd=pd, from_router=from_router)
-    return checked if isinstance(checked, Refusal) else checked.body
-
-
-class Checked(NamedTuple):
-    """A body that passed the rules: the bytes to forward, and the JSON object they hold (None for an empty body)."""
-
-    body: bytes
-    obj: dict[str, Any] | None
-
-
-def check_body_parsed(
-    body: bytes,
-    tenant: str,
-    limits: Limits | None,
-    *,
-    path: str = "",
-    pd: PdRole | None = None,
-    from_router: bool = False,
-) -> Checked | Refusal:
-    """:func:`check_body`, also handing back the parsed object, so that later checks need not parse it again."""
     if not body.strip():
         return Checked(body, None)
     try:

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from sglang_iso.server.request_rules import (
     MAX_JSON_DEPTH,
     MAX_TOP_LOGPROBS,
+    Checked,
     Limits,
     Refusal,
     check_body,
-    check_body_parsed,
 )
 
 LIMITS = Limits(vocab_size=2048, context_len=8192)
 
 
-def check(obj: Any, tenant: str = "acme") -> bytes | Refusal:
+def check(obj: Any, tenant: str = "acme") -> Checked | Refusal:
     return check_body(json.dumps(obj).encode(), tenant, LIMITS)
 
 
@@ -79,14 +79,15 @@ def test_crashers_are_refused_naming_the_field(body: dict[str, Any], field: str)
 )
 def test_legitimate_bodies_pass_unchanged(body: dict[str, Any]) -> None:
     raw = json.dumps(body).encode()
-    assert check_body(raw, "acme", LIMITS) == raw
+    out = check_body(raw, "acme", LIMITS)
+    assert isinstance(out, Checked) and out.body == raw, out
 
 
 def test_request_ids_move_into_the_tenants_id_space() -> None:
     out = check({"input": "x", "request_id": "alpha"}, tenant="beta")
-    assert isinstance(out, bytes) and json.loads(out)["request_id"] == "beta.alpha"
+    assert isinstance(out, Checked) and json.loads(out.body)["request_id"] == "beta.alpha"
     out = check({"text": ["a", "b"], "rid": ["alpha.job1", ""]}, tenant="beta")
-    assert isinstance(out, bytes) and json.loads(out)["rid"] == ["beta.alpha.job1", "beta."]
+    assert isinstance(out, Checked) and json.loads(out.body)["rid"] == ["beta.alpha.job1", "beta."]
 
 
 json_values = st.recursive(
@@ -107,7 +108,7 @@ def test_never_raises_and_never_forwards_a_foreign_rid(body: dict[str, Any], ten
     if isinstance(out, Refusal):
         assert 400 <= out.status < 500
         return
-    forwarded = json.loads(out)
+    forwarded = json.loads(out.body)
     for field in ("rid", "request_id"):
         value = forwarded.get(field)
         if value is not None:
@@ -119,7 +120,7 @@ def test_never_raises_and_never_forwards_a_foreign_rid(body: dict[str, Any], ten
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_never_raise(raw: bytes) -> None:
     out = check_body(raw, "acme", LIMITS)
-    assert isinstance(out, Refusal) or out == raw
+    assert isinstance(out, Refusal) or out.body == raw
 
 
 @pytest.mark.parametrize("where", ["among_ids", "sampling_params", "top"])
@@ -148,8 +149,8 @@ def test_depth_counts_containers_wherever_they_nest(where: str) -> None:
 
 def test_checked_body_hands_back_the_object_it_forwards() -> None:
     raw = json.dumps({"text": "x", "rid": "job1", "input_ids": None}).encode()
-    out = check_body_parsed(raw, "acme", LIMITS)
+    out = check_body(raw, "acme", LIMITS)
     assert not isinstance(out, Refusal)
     assert json.loads(out.body) == out.obj and out.obj["rid"] == "acme.job1"  # the object is the forwarded one
-    empty = check_body_parsed(b"  ", "acme", LIMITS)
+    empty = check_body(b"  ", "acme", LIMITS)
     assert not isinstance(empty, Refusal) and empty.obj is None and empty.body == b"  "
