@@ -117,10 +117,13 @@ class TenantRadixTree(TreeCore):
 
     # ------------------------------------------------------------------------------------------------- cache ops
 
-    def match(self, ns: str, tokens: Sequence[int]) -> MatchResult:
+    def match(self, ns: str, tokens: Sequence[int], *, count: bool = True) -> MatchResult:
         """Longest cached page-aligned prefix of ``tokens`` visible to ``ns``.
 
-        Mutates: LRU clocks on the path, may split a node at the match end, hit counters.
+        ``count=False``: the caller re-reads what it just stored (a checkpoint) or refreshes recency, which is not
+        a lookup: the lookup and hit counters of :meth:`stats` stay as they are.
+
+        Mutates: LRU clocks on the path, may split a node at the match end, hit counters (with ``count``).
         The indices are only safe to use beyond this call once ``last_node`` is locked.
 
         Raises:
@@ -132,7 +135,8 @@ class TenantRadixTree(TreeCore):
             return MatchResult(array("q"), _EMPTY_HANDLE, 0)
         key = self._aligned(tokens)
         self._clock += 1
-        state.lookup_tokens += len(key)
+        if count:
+            state.lookup_tokens += len(key)
         shared = self._route(ns, key)
         if shared is None:
             root = self._private.get(ns)
@@ -141,20 +145,23 @@ class TenantRadixTree(TreeCore):
             walk = self._walk(root, key, ns, ns)
             if walk.node is root:
                 return MatchResult(array("q"), _EMPTY_HANDLE, 0)
-            state.hit_tokens += len(walk.indices)
+            if count:
+                state.hit_tokens += len(walk.indices)
             return MatchResult(walk.indices, NodeHandle((walk.node,)), len(walk.indices))
         n_shared = len(shared.tokens)
         head = self._walk(self._shared_roots[shared.name], key[:n_shared], shared.namespace, ns)
         if len(head.indices) != n_shared:
             return MatchResult(array("q"), _EMPTY_HANDLE, 0)
         indices, ends = head.indices, [head.node]
-        self._ns[shared.namespace].hit_tokens += n_shared
+        if count:
+            self._ns[shared.namespace].hit_tokens += n_shared
         cont = self._cont.get(shared.name, {}).get(ns)
         if cont is not None:
             tail = self._walk(cont, key[n_shared:], ns, ns)
             indices = indices + tail.indices
             ends.append(tail.node)
-        state.hit_tokens += len(indices)
+        if count:
+            state.hit_tokens += len(indices)
         handle = NodeHandle(tuple(n for n in ends if not isinstance(n, RootNode)))
         return MatchResult(indices, handle, len(indices))
 

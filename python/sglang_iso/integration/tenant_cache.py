@@ -159,7 +159,7 @@ class TenantRadixCache(BasePrefixCache):
     def touch_prefix(self, key: RadixKey) -> None:
         looked_up = self._lookup(key)
         if looked_up is not None:
-            self.tree.match(*looked_up)
+            self.tree.match(*looked_up, count=False)
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Store ``params.value`` for ``params.key``; the caller frees its duplicates.
@@ -197,7 +197,7 @@ class TenantRadixCache(BasePrefixCache):
             self.token_to_kv_pool_allocator.free(self._tensor(result.duplicate_indices))
         req.kv.cache_inserted_len = max(req.kv.cache_inserted_len, result.stored_len)
 
-        found = self.tree.match(ns, tokens[: result.stored_len])
+        found = self.tree.match(ns, tokens[: result.stored_len], count=False)
         protected = req.kv.cache_protected_len
         stored = found.prefix_len
         if stored > protected:

@@ -221,6 +221,20 @@ def test_stats_count_hits_and_lookups(tree: TenantRadixTree, pool: FakePool, pag
     assert tree.stats("ns-unknown").resident == 0
 
 
+def test_an_uncounted_match_finds_the_same_and_leaves_the_counters(
+    tree: TenantRadixTree, pool: FakePool, page_size: int
+) -> None:
+    put(tree, pool, seq(page_size, 1, 2))
+    before = tree.stats(NS)
+    quiet = tree.match(NS, seq(page_size, 1, 2), count=False)
+    assert quiet.prefix_len == 2 * page_size and tree.stats(NS) == before
+    counted = tree.match(NS, seq(page_size, 1, 2))  # positive control: the same lookup, counted
+    assert list(counted.indices) == list(quiet.indices)
+    stats = tree.stats(NS)
+    assert stats.hit_tokens == before.hit_tokens + 2 * page_size
+    assert stats.lookup_tokens == before.lookup_tokens + 2 * page_size
+
+
 def test_bad_arguments(tree: TenantRadixTree, page_size: int) -> None:
     with pytest.raises(ValueError, match="one index per token"):
         tree.insert(NS, [1, 2], [1])
