@@ -76,6 +76,9 @@ def test_evicted_prefix_comes_back_in_own_namespace_only(page_size: int) -> None
     assert cache.host.tier.used_pages() == 0
     stats = next(iter(cache.tenant_stats().values()))
     assert stats["host_loaded_tokens"] == 16
+    # One lookup counts once: its 16 tokens asked for, none of them found on the device (they came from the host).
+    own = cache.tree.stats(cache._namespace(key(tokens, "tenant-a")))
+    assert own.lookup_tokens == 16 and own.hit_tokens == 0, own
     assert cache.check_integrity()
     cache.host.tier.check_integrity()
     status = cache.iso_status()  # the synchronous tier work is timed: one spill, two load-backs (B's and A's)

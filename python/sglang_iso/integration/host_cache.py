@@ -176,7 +176,7 @@ class HostCache:
             loaded = self._load_run(Namespace.shared_prefix(name).key, ns, tokens[:length], found, shared=name)
             if not loaded:
                 return 0
-            found = self.cache.tree.match(ns, tokens)
+            found = self.cache.tree.match(ns, tokens, count=False)
             if found.prefix_len >= aligned:
                 return loaded
         return loaded + self._load_run(ns, ns, tokens, found)

@@ -144,7 +144,8 @@ class TenantRadixCache(BasePrefixCache):
         ns, tokens = looked_up
         found = self.tree.match(ns, tokens)
         if self.host is not None and self.host.load_back(ns, tokens, found):
-            found = self.tree.match(ns, tokens)
+            # The same lookup, read again: counted once, its hits being what was on the device (loads count apart).
+            found = self.tree.match(ns, tokens, count=False)
         self.report.maybe_export()
         if found.prefix_len == 0:
             return self._miss()
