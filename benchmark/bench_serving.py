@@ -35,7 +35,13 @@ distributions side by side. Progress (per level, with an ETA per server) goes to
 ``py-spy record`` (one per process) while each level runs, writes the collapsed stacks to
 ``DIR/<server>-<level>-<pid>-<process>.txt`` and prints, per process, the share of samples in each of sglang-iso's
 modules (inclusive: the outermost sglang-iso frame of a stack, launchers left out; self: the innermost frame is
-ours) and in the model forward, of the samples where a thread was active; the sampler costs both servers the same.
+ours) and in the model forward, of the samples where a thread was active; the sampler costs both servers the same
+(``--profile-rate``, 50 per second by default).
+
+``--logs DIR`` keeps, per server, round and level, the server's log lines (``<server>-round<N>-<level>.log``) and
+the client's per-request numbers (``.jsonl``: TTFTs, inter-token gaps): the prefill batches of a round show how the
+scheduler split the load (the shared-prefix levels at concurrency 32 settle either in lock-step, every batch of 16
+admitted together, or staggered, with about twice the prefill batches, on both servers).
 """
 
 from __future__ import annotations
@@ -147,7 +153,7 @@ def write_tenants(directory: Path) -> tuple[Path, str, list[str]]:
 class Profiler:
     """``py-spy record`` of each process of a server (the HTTP process and its children) for one level."""
 
-    def __init__(self, pid: int, out: Path) -> None:
+    def __init__(self, pid: int, out: Path, rate: int = 50) -> None:
         import psutil
 
         self.out = out
@@ -156,7 +162,7 @@ class Profiler:
         for proc in (main, *main.children(recursive=True)):
             name = re.sub(r"\W+", "-", proc.name()).strip("-") or "process"
             path = out.with_name(f"{out.stem}-{proc.pid}-{name}.txt")
-            argv = ["py-spy", "record", "--pid", str(proc.pid), "--nonblocking", "--rate", "50", "--format", "raw",
+            argv = ["py-spy", "record", "--pid", str(proc.pid), "--nonblocking", "--rate", str(rate), "--format", "raw",
                     "--output", str(path)]  # fmt: skip
             self.procs.append(
                 (path, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
@@ -343,6 +349,8 @@ def run_server(
     iso_args: tuple[str, ...] = (),
     profile_dir: Path | None = None,
     both_args: tuple[str, ...] = (),
+    log_prefix: Path | None = None,
+    profile_rate: int = 50,
 ) -> dict[Level, tuple[float, list, list, float, Batches]]:
     port = free_port()
     if name == "upstream":
@@ -362,13 +370,18 @@ def run_server(
             profiler = None
             if profile_dir is not None and server.proc is not None:
                 slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
-                profiler = Profiler(server.proc.pid, profile_dir / f"{name}-{slug}.txt")
+                profiler = Profiler(server.proc.pid, profile_dir / f"{name}-{slug}.txt", profile_rate)
             try:
                 rate, ttfts, itls = run_level(server.base_url, level, keys, seed + 10 * n, workdir)
             finally:
                 if profiler is not None:
                     print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
             log = server.log_text()[seen:]
+            if log_prefix is not None:
+                slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
+                Path(f"{log_prefix}-{slug}.log").write_text(log)
+                details = workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
+                shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")  # the client's per-request numbers
             new, cached = prefill_tokens(log)
             hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
             out[level] = (rate, ttfts, itls, hit, batches(log))
@@ -445,12 +458,21 @@ def main(argv: list[str] | None = None) -> int:
         "--server-args", default="", help='extra SGLang flags for both servers, e.g. "--decode-log-interval 1"'
     )
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
+    p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second with --profile")
+    p.add_argument(
+        "--logs",
+        default="",
+        help="DIR: keep each server's log lines and the client's per-request numbers, per round and level",
+    )
     args = p.parse_args(argv)
     profile_dir = Path(args.profile) if args.profile else None
     if profile_dir is not None:
         if shutil.which("py-spy") is None:
             p.error("--profile needs py-spy on PATH (pip install py-spy)")
         profile_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(args.logs) if args.logs else None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
     try:
         levels = parse_levels(args.levels)
     except ValueError as exc:
@@ -471,8 +493,20 @@ def main(argv: list[str] | None = None) -> int:
                 eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
                 print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
                 seed = 1000 * (args.seed + r)
+                logs = log_dir / f"{name}-round{r + 1}" if log_dir is not None else None
                 got = run_server(
-                    name, levels, tenants_file, solo, many, seed, Path(tmp), iso_args, profile_dir, both_args
+                    name,
+                    levels,
+                    tenants_file,
+                    solo,
+                    many,
+                    seed,
+                    Path(tmp),
+                    iso_args,
+                    profile_dir,
+                    both_args,
+                    logs,
+                    args.profile_rate,
                 )
                 for level, (rate, ttfts, itls, hit, batched) in got.items():
                     s = results[name][level]
