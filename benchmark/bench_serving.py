@@ -405,6 +405,10 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
             ("ITL mean ms", statistics.fmean(up.itls), statistics.fmean(iso.itls), None, None, 1e3),
             ("prompt tokens from cache %", statistics.fmean(up.hit_pct), statistics.fmean(iso.hit_pct), None, None,
              1.0),
+            # NOTE: how the scheduler split the load: a round far above the level's usual count ran staggered.
+            ("prefill batches (median of rounds)", statistics.median(b.prefills for b in up.batches),
+             statistics.median(b.prefills for b in iso.batches), [b.prefills for b in up.batches],
+             [b.prefills for b in iso.batches], 1.0),
         )  # fmt: skip
         for label, u, i, u_rounds, i_rounds, scale in metrics:
             spread = ""
