@@ -18,6 +18,7 @@ PAGES, ROWS, WIDTH = 32, 6, 16
 class _Alloc:
     page_size = 1
     size = PAGES
+    free_group = None
 
     def __init__(self) -> None:
         self.next = 1
@@ -218,3 +219,61 @@ def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass
     table.check_batch(_batch([1, 2], [4, 3], [4, 3]))
     assert full_passes == [1] and table.violations == 1 and table.violating_rows == {2}
     assert int(rtt[2, 0]) == table.zero_page * table.page_size and rtt[1, :4].tolist() == [5, 10, 11, 12]
+
+
+def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released_page(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """After a clean prefill, decode steps are decided from what was verified (neither the host lists route nor
+    the full pass reads the windows again); an old column rewritten since, and a page released under a running
+    row and adopted by another tenant, are still refused at the next step (the release forgets what was verified)."""
+    import sglang_iso_kernels
+
+    calls: list[str] = []
+    for name, module in (("sanitize_rows", sglang_iso_kernels), ("clean_rows_host", sglang_iso_kernels)):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+    table, cache = _table()
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :3] = torch.tensor([10, 11, 12])
+    rtt[2, :2] = torch.tensor([20, 21])
+    table.check_batch(_batch([1, 2], [3, 2], [0, 0]))
+    assert calls == ["clean_rows_host"] and table.violations == 0
+
+    def decode(ends: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(
+            req_pool_indices=torch.tensor([1, 2]),
+            seq_lens=torch.tensor(ends),
+            seq_lens_sum=sum(ends),
+            forward_mode=SimpleNamespace(
+                is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False
+            ),
+        )
+
+    calls.clear()
+    rtt[1, 3], rtt[2, 2] = 13, 22
+    table.check_batch(decode([4, 3]))
+    assert calls == [] and table.page_owner[[13, 22]].tolist() == [a, b]  # positive control: new columns only
+    rtt[1, 4], rtt[2, 3] = 14, 23
+    rtt[2, 0] = 11  # b's old column rewritten to a's page since it was verified
+    table.check_batch(decode([5, 4]))
+    assert calls == ["clean_rows_host", "sanitize_rows"] and table.violations == 1 and table.violating_rows == {2}
+    assert int(rtt[2, 0]) == table.zero_page * table.page_size and table.page_owner[[14, 23]].tolist() == [a, b]
+    table.violating_rows.clear()
+    calls.clear()
+    rtt[1, 5], rtt[2, 4] = 15, 24
+    table.check_batch(decode([6, 5]))  # everything verified again: back to the new columns
+    assert calls == ["clean_rows_host"]
+    calls.clear()
+    rtt[1, 6], rtt[2, 5] = 16, 25
+    table.check_batch(decode([7, 6]))
+    assert calls == [] and table.violations == 1
+    # Slot 12 (a's, in a's running row) is released, and b's next step takes it.
+    table._free(lambda *_: None, torch.tensor([12]))
+    assert int(table.page_owner[12]) == FREE
+    rtt[1, 7], rtt[2, 6] = 17, 12
+    table.check_batch(decode([8, 7]))
+    assert "sanitize_rows" in calls and table.violations == 2 and table.violating_rows == {1}
+    assert int(rtt[1, 2]) == table.zero_page * table.page_size and int(table.page_owner[12]) == b

@@ -150,6 +150,11 @@ class OwnerTable:
             and self.swa is None
             and rows_pool.req_to_token.dtype == torch.int32
         )
+        from sglang_iso_kernels.verified_rows import VerifiedWindows
+
+        # NOTE: what the host route verified of each row, so a decode step reads its new column only
+        # (sglang_iso_kernels.verified_rows); every page-owner change below but adoption forgets it all.
+        self._verified = VerifiedWindows(*rows_pool.req_to_token.shape) if self._host_route else None
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
@@ -207,14 +212,21 @@ class OwnerTable:
         # A cleared pool frees every page, the zero page too: take a fresh one.
         below()
         self.page_owner.fill_(FREE)
+        self._forget_all()
         self.zero_page = self._reserve_zero_page()
         if self.swa is not None:
             self.swa.reset(self.zero_page)
 
+    def _forget_all(self) -> None:
+        if self._verified is not None:
+            self._verified.forget_all()
+
     def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
+        self._forget_all()
         return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids)
 
     def _free(self, below: Any, *args: Any) -> Any:
+        self._forget_all()
         owner, zero, size = self.page_owner, self.zero_page, self.page_size
         return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args)
 
@@ -225,6 +237,8 @@ class OwnerTable:
             owners = [self.owner_of_req(req) for req in reqs]
             for row, req in zip(rows, reqs, strict=True):
                 self._row_req[row] = weakref.ref(req)
+            if self._verified is not None:
+                self._verified.forget(rows)
             if self.row_owner.device.type == "cpu":
                 self.row_owner.numpy()[rows] = owners  # (a view: no tensor built per call)
             else:
@@ -238,6 +252,8 @@ class OwnerTable:
         rows = [int(i) for i in indices]
         for row in rows:
             self._row_req.pop(row, None)
+        if self._verified is not None:
+            self._verified.forget(rows)
         if rows:
             if self.row_owner.device.type == "cpu":
                 self.row_owner.numpy()[rows] = FREE
@@ -292,11 +308,13 @@ class OwnerTable:
     def mark_owned(self, indices: list[int], namespace: str) -> None:
         """Pages the cache filled without a forward (host load-back) belong to ``namespace``'s slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
+        self._forget_all()
         self.page_owner[pages.to(self.page_owner.device)] = self.slot_of(namespace)
 
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
+        self._forget_all()
         self.page_owner[pages] = self.slot_of(Namespace.shared_prefix(name).key)
 
     # ------------------------------------------------------------------ the check
@@ -338,23 +356,40 @@ class OwnerTable:
         anything else (False) takes the full pass below, which adopts the same pages again as a no-op and counts
         what it refuses. Speculative verify passes always take it."""
         from sglang_iso_kernels import clean_rows_host
+        from sglang_iso_kernels.verified_rows import clean_decode_verified
 
         mode = forward_batch.forward_mode
+        verified = self._verified
+        row_list = rows.tolist()
         if mode.is_target_verify():
+            if verified is not None:
+                verified.forget(row_list)
             return False
         ends = forward_batch.seq_lens.tolist()
+        req_to_token = self.cache.req_to_token_pool.req_to_token
         if mode.is_extend():
             starts = forward_batch.extend_prefix_lens_cpu
             if starts is None or len(starts) != len(ends):
                 return False
         elif mode.is_decode():
+            if verified is not None and clean_decode_verified(
+                req_to_token.numpy(), row_list, ends, self.row_owner.numpy(), self.page_owner.numpy(),
+                self.page_size, verified,
+            ):  # fmt: skip
+                return True
             starts = [max(end - 1, 0) for end in ends]
         else:
             return False
-        return clean_rows_host(
-            self.cache.req_to_token_pool.req_to_token, rows.tolist(), list(starts), ends, self.page_owner,
-            self.row_owner, self.allowed, page_size=self.page_size,
+        clean = clean_rows_host(
+            req_to_token, row_list, list(starts), ends, self.page_owner, self.row_owner, self.allowed,
+            page_size=self.page_size,
         )  # fmt: skip
+        if verified is not None:
+            if clean:
+                verified.record(req_to_token.numpy(), row_list, ends, self.row_owner.numpy())
+            else:
+                verified.forget(row_list)  # (the full pass below may rewrite them)
+        return clean
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
         """The sliding-window sub-pool's check (:mod:`~sglang_iso.integration.swa_owner`), after the rows'."""
@@ -392,6 +427,8 @@ class OwnerTable:
 
         if rows.numel() == 0:
             return
+        if self._verified is not None:
+            self._verified.forget(rows.tolist())  # the full pass may rewrite them
         if draft_step:
             self.draft_step_checks += 1
         counts = sanitize_rows(
