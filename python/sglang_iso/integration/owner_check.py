@@ -17,7 +17,9 @@ are sanitized in place first, for the whole batch in one pass
 (``sanitize_rows`` from ``sgl-kernel-patches``: Triton on GPU, torch on CPU; on
 CPU a plain pool's batch is first tried from host lists, ``clean_rows_host``, which
 decides a batch whose every slot is its row's own or readable and hands anything
-else to the full pass).
+else to the full pass; a decode step is first tried from what that route verified of
+each row, ``clean_decode_verified``: the new column read, the old ones compared with
+a copy, valid until any page changes owner other than by adoption).
 The pages a request writes in this step are adopted if FREE or already its
 own; every other slot of its row window must be its own, a shared prefix it may
 read, or the zero page. Anything else is replaced by the dedicated zero page
