@@ -58,15 +58,31 @@ def _batch(rows: list[int], seq_lens: list[int], starts: list[int], drafts: int 
     )
 
 
+def _two_owners(table: OwnerTable) -> tuple[int, int]:
+    """Owner slots of namespaces ``ns-a`` and ``ns-b``, their allowed rows filled."""
+    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
+    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
+        table._fill_allowed(slot, ns)
+    return a, b
+
+
+def _decode(rows: list[int], seq_lens: list[int]) -> SimpleNamespace:
+    """A decode batch (each row writes its last column)."""
+    return SimpleNamespace(
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(seq_lens),
+        seq_lens_sum=sum(seq_lens),
+        forward_mode=SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False),
+    )
+
+
 def _req(row: int) -> SimpleNamespace:
     return SimpleNamespace(kv=SimpleNamespace(req_pool_idx=row), to_finish=None)
 
 
 def test_foreign_slot_is_redirected_counted_and_its_request_aborted() -> None:
     table, cache = _table()
-    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
-    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
-        table._fill_allowed(slot, ns)
+    a, b = _two_owners(table)
     rtt = cache.req_to_token_pool.req_to_token
     table.row_owner[1], table.row_owner[2] = a, b
     rtt[1, :4] = torch.tensor([10, 11, 12, 13])  # a writes pages 10-13 (FREE: adopted)
@@ -88,9 +104,7 @@ def test_foreign_slot_is_redirected_counted_and_its_request_aborted() -> None:
 
 def test_shared_prefix_pages_readable_only_by_declared_readers() -> None:
     table, cache = _table(shared_reader="ns-a")
-    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
-    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
-        table._fill_allowed(slot, ns)
+    a, b = _two_owners(table)
     table.mark_shared([5, 6], "prompt")
     rtt = cache.req_to_token_pool.req_to_token
     table.row_owner[1], table.row_owner[2] = a, b
@@ -114,9 +128,7 @@ def test_allowed_table_grows_past_its_initial_slots() -> None:
 
 def test_verify_pass_adopts_only_the_drafts_window() -> None:
     table, cache = _table()
-    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
-    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
-        table._fill_allowed(slot, ns)
+    a, b = _two_owners(table)
     rtt = cache.req_to_token_pool.req_to_token
     table.row_owner[1], table.row_owner[2] = a, b
     rtt[1, :3] = torch.tensor([10, 11, 12])
@@ -194,9 +206,7 @@ def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass
     real = sglang_iso_kernels.sanitize_rows
     monkeypatch.setattr(sglang_iso_kernels, "sanitize_rows", lambda *a, **k: full_passes.append(1) or real(*a, **k))
     table, cache = _table(shared_reader="ns-a")
-    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
-    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
-        table._fill_allowed(slot, ns)
+    a, b = _two_owners(table)
     table.mark_shared([5], "prompt")
     rtt = cache.req_to_token_pool.req_to_token
     table.row_owner[1], table.row_owner[2], table.row_owner[3] = a, b, a
@@ -206,12 +216,7 @@ def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass
     table.check_batch(_batch([1, 2, 3], [3, 2, 2], [1, 0, 0]))  # a prefill of three rows
     assert full_passes == [] and table.violations == 0
     assert table.page_owner[[10, 11, 20, 21, 24, 25]].tolist() == [a, a, b, b, a, a]
-    decode = SimpleNamespace(
-        req_pool_indices=torch.tensor([1, 2, 3]),
-        seq_lens=torch.tensor([4, 3, 3]),
-        seq_lens_sum=10,
-        forward_mode=SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False),
-    )
+    decode = _decode([1, 2, 3], [4, 3, 3])
     rtt[1, 3], rtt[2, 2], rtt[3, 2] = 12, 22, 26  # each row's decode slot
     table.check_batch(decode)
     assert full_passes == [] and table.page_owner[[12, 22, 26]].tolist() == [a, b, a]
@@ -232,9 +237,7 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
     table, cache = _table()
-    a, b = table.slot_of("ns-a"), table.slot_of("ns-b")
-    for slot, ns in ((a, "ns-a"), (b, "ns-b")):
-        table._fill_allowed(slot, ns)
+    a, b = _two_owners(table)
     rtt = cache.req_to_token_pool.req_to_token
     table.row_owner[1], table.row_owner[2] = a, b
     rtt[1, :3] = torch.tensor([10, 11, 12])
@@ -243,14 +246,7 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
     assert calls == ["clean_rows_host"] and table.violations == 0
 
     def decode(ends: list[int]) -> SimpleNamespace:
-        return SimpleNamespace(
-            req_pool_indices=torch.tensor([1, 2]),
-            seq_lens=torch.tensor(ends),
-            seq_lens_sum=sum(ends),
-            forward_mode=SimpleNamespace(
-                is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False
-            ),
-        )
+        return _decode([1, 2], ends)
 
     calls.clear()
     rtt[1, 3], rtt[2, 2] = 13, 22

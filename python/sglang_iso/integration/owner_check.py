@@ -361,12 +361,10 @@ class OwnerTable:
         from sglang_iso_kernels.verified_rows import clean_decode_verified
 
         mode = forward_batch.forward_mode
+        if mode.is_target_verify():
+            return False  # (the full pass forgets what was verified of these rows: check_window)
         verified = self._verified
         row_list = rows.tolist()
-        if mode.is_target_verify():
-            if verified is not None:
-                verified.forget(row_list)
-            return False
         ends = forward_batch.seq_lens.tolist()
         req_to_token = self.cache.req_to_token_pool.req_to_token
         if mode.is_extend():
@@ -386,12 +384,9 @@ class OwnerTable:
             req_to_token, row_list, list(starts), ends, self.page_owner, self.row_owner, self.allowed,
             page_size=self.page_size,
         )  # fmt: skip
-        if verified is not None:
-            if clean:
-                verified.record(req_to_token.numpy(), row_list, ends, self.row_owner.numpy())
-            else:
-                verified.forget(row_list)  # (the full pass below may rewrite them)
-        return clean
+        if clean and verified is not None:
+            verified.record(req_to_token.numpy(), row_list, ends, self.row_owner.numpy())
+        return clean  # (when not clean, the full pass forgets these rows: check_window)
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
         """The sliding-window sub-pool's check (:mod:`~sglang_iso.integration.swa_owner`), after the rows'."""
