@@ -18,17 +18,23 @@ file with its bearer-token lookup (``get_auth_headers``, which reads ``OPENAI_AP
 the level's keys: one for a single-tenant level, one per tenant, none for upstream. Both servers so face the same
 client code at every level.
 
-Servers run one at a time (an idle SGLang scheduler busy-polls a core on CPU), with the same sizes; a round starts
-one server, runs every level, stops it, then does the same for the other server, and the order alternates between
-rounds, because this machine's noise is larger than most effects. sglang-iso runs with a tenants file: one tenant
-for the single-tenant levels and 8 for the others, each with room for the whole load (``max_concurrent_requests``
-64, ``kv_share`` 1: with the defaults, half the running slots each, a random burst of 32 puts some tenant over its
-limit and it gets 429, which measures the policy, not the overhead); scrub and owner check at their defaults.
+Only one server works at a time, both with the same sizes. ``--schedule paired`` (the default): a round starts both
+servers (each with ``--sleep-on-idle``, so the idle one waits on its sockets instead of busy-polling), then runs
+each level on one server and right after on the other, the first alternating per level and per round, so the two
+runs of a level are seconds apart, not a whole round (4-5 minutes of levels per server): this machine drifts by
+more than most effects within minutes. ``--schedule sequential``: a round starts one server, runs every level,
+stops it, then does the same for the other, the order alternating between rounds. sglang-iso runs with a tenants
+file: one tenant for the single-tenant levels and 8 for the others, each with room for the whole load
+(``max_concurrent_requests`` 64, ``kv_share`` 1: with the defaults, half the running slots each, a random burst of
+32 puts some tenant over its limit and it gets 429, which measures the policy, not the overhead); scrub and owner
+check at their defaults.
 Every level gets its own seed, so no level reuses another's prefixes (which upstream, keyless, would share across
 tenants). A warm-up level runs first on each server. Per level and server the rounds' numbers are pooled:
 request throughput (median of rounds), TTFT median and P99 (over all requests of all rounds), mean ITL, and the
 share of prompt tokens the prefix cache supplied (from SGLang's prefill-batch log lines, so both servers are seen
-to reuse the same); the table prints iso/upstream ratios and the spread of the rounds. ``--plot`` writes the TTFT
+to reuse the same), and the CPU time per request of the HTTP process and the scheduler (``psutil``, the whole
+level; the scheduler's includes its torch threads' spinning, so it follows its busy time); the table prints
+iso/upstream ratios and the spread of the rounds. ``--plot`` writes the TTFT
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
 
 ``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
@@ -64,7 +70,13 @@ from typing import Any
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import new_api_key
-from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.process import (
+    CPU_ROLES,
+    ServerProcess,
+    baseline_server_argv,
+    free_port,
+    iso_server_argv,
+)
 from sglang_iso_testing.tenants import write_tenants_file
 
 SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
@@ -121,6 +133,8 @@ class Samples:
     """Share of prompt tokens the prefix cache supplied in each round (from SGLang's prefill-batch log lines)."""
     batches: list[Batches] = field(default_factory=list)
     """How the scheduler batched each round."""
+    cpu_ms: list[dict[str, float]] = field(default_factory=list)
+    """CPU milliseconds per request of each round, by process (``CPU_ROLES``)."""
 
 
 def parse_levels(text: str) -> list[Level]:
@@ -338,56 +352,85 @@ def batches(log: str) -> Batches:
     )
 
 
-def run_server(
-    name: str,
-    levels: list[Level],
-    tenants_file: Path,
-    solo: str,
-    many: list[str],
-    seed: int,
-    workdir: Path,
-    iso_args: tuple[str, ...] = (),
-    profile_dir: Path | None = None,
-    both_args: tuple[str, ...] = (),
-    log_prefix: Path | None = None,
-    profile_rate: int = 50,
-) -> dict[Level, tuple[float, list, list, float, Batches]]:
-    port = free_port()
-    if name == "upstream":
-        argv = baseline_server_argv(port, tiny_model_path(), *SIZES, *both_args)
-    else:
-        argv = iso_server_argv(
-            port, tiny_model_path(), *SIZES, *both_args, "--tenants-file", str(tenants_file), *iso_args
-        )
-    server = ServerProcess(argv, port, env={"SGLANG_LOG_FORWARD_ITERS": "1"}).start(timeout_s=600)
-    out = {}
-    try:
-        iso = name == "iso"
-        run_level(server.base_url, Level("gsp", 8, 1), [solo if iso else None], seed + 999, workdir)  # warm-up
-        for n, level in enumerate(levels):
-            keys: list[str | None] = ([solo] if level.tenants == 1 else list(many)) if iso else [None]
-            seen = len(server.log_text())
-            profiler = None
-            if profile_dir is not None and server.proc is not None:
-                slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
-                profiler = Profiler(server.proc.pid, profile_dir / f"{name}-{slug}.txt", profile_rate)
-            try:
-                rate, ttfts, itls = run_level(server.base_url, level, keys, seed + 10 * n, workdir)
-            finally:
-                if profiler is not None:
-                    print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
-            log = server.log_text()[seen:]
-            if log_prefix is not None:
-                slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
-                Path(f"{log_prefix}-{slug}.log").write_text(log)
-                details = workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
-                shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")  # the client's per-request numbers
-            new, cached = prefill_tokens(log)
-            hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
-            out[level] = (rate, ttfts, itls, hit, batches(log))
-    finally:
-        server.stop()
-    return out
+class BenchServer:
+    """One server for a round: started with the level's sizes, warmed up, then run level by level."""
+
+    def __init__(
+        self,
+        name: str,
+        tenants_file: Path,
+        solo: str,
+        many: list[str],
+        workdir: Path,
+        iso_args: tuple[str, ...] = (),
+        both_args: tuple[str, ...] = (),
+        profile_dir: Path | None = None,
+        profile_rate: int = 50,
+    ) -> None:
+        self.name, self.solo, self.many, self.workdir = name, solo, many, workdir
+        self.profile_dir, self.profile_rate = profile_dir, profile_rate
+        port = free_port()
+        if name == "upstream":
+            argv = baseline_server_argv(port, tiny_model_path(), *SIZES, *both_args)
+        else:
+            argv = iso_server_argv(
+                port, tiny_model_path(), *SIZES, *both_args, "--tenants-file", str(tenants_file), *iso_args
+            )
+        self.server = ServerProcess(argv, port, env={"SGLANG_LOG_FORWARD_ITERS": "1"})
+
+    def start(self, seed: int) -> BenchServer:
+        self.server.start(timeout_s=600)
+        try:
+            keys = [self.solo if self.name == "iso" else None]
+            run_level(self.server.base_url, Level("gsp", 8, 1), keys, seed + 999, self.workdir)  # warm-up
+        except BaseException:
+            self.server.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def run(self, level: Level, seed: int, log_prefix: Path | None = None) -> LevelRun:
+        """One level against this server."""
+        server, name = self.server, self.name
+        keys: list[str | None] = ([self.solo] if level.tenants == 1 else list(self.many)) if name == "iso" else [None]
+        seen = len(server.log_text())
+        slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
+        profiler = None
+        if self.profile_dir is not None and server.proc is not None:
+            profiler = Profiler(server.proc.pid, self.profile_dir / f"{name}-{slug}.txt", self.profile_rate)
+        cpu_before = server.cpu_seconds()
+        try:
+            rate, ttfts, itls = run_level(server.base_url, level, keys, seed, self.workdir)
+        finally:
+            if profiler is not None:
+                print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
+        cpu_after = server.cpu_seconds()
+        cpu_ms = {role: 1e3 * (cpu_after[role] - cpu_before[role]) / level.prompts for role in CPU_ROLES}
+        log = server.log_text()[seen:]
+        if log_prefix is not None:
+            Path(f"{log_prefix}-{slug}.log").write_text(log)
+            details = self.workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
+            shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")  # the client's per-request numbers
+        new, cached = prefill_tokens(log)
+        hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
+        return LevelRun(rate, ttfts, itls, hit, batches(log), cpu_ms)
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    """One server's results at one level in one round."""
+
+    rate: float
+    """Request throughput (req/s)."""
+    ttfts: list[float]
+    itls: list[float]
+    hit: float
+    """Share of prompt tokens the prefix cache supplied (%)."""
+    batched: Batches
+    cpu_ms: dict[str, float]
+    """CPU milliseconds per request by process (``CPU_ROLES``); with ``--profile``, the samplers' cost included."""
 
 
 def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
@@ -409,6 +452,12 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
             ("prefill batches (median of rounds)", statistics.median(b.prefills for b in up.batches),
              statistics.median(b.prefills for b in iso.batches), [b.prefills for b in up.batches],
              [b.prefills for b in iso.batches], 1.0),
+            *(
+                (f"{role} CPU ms per request (median of rounds)", statistics.median(c[role] for c in up.cpu_ms),
+                 statistics.median(c[role] for c in iso.cpu_ms), [c[role] for c in up.cpu_ms],
+                 [c[role] for c in iso.cpu_ms], 1.0)
+                for role in ("http", "scheduler")
+            ),
         )  # fmt: skip
         for label, u, i, u_rounds, i_rounds, scale in metrics:
             spread = ""
@@ -453,6 +502,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds per server (order alternates)")
     p.add_argument("--levels", default=DEFAULT_LEVELS, help="comma-separated DATASET:CONCURRENCY[xTENANTS]")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--schedule",
+        choices=("paired", "sequential"),
+        default="paired",
+        help="paired: both servers alive, each level run on one then the other; sequential: one server per round",
+    )
     p.add_argument("--plot", default="benchmark/bench_serving.png", help="PNG path (needs matplotlib)")
     p.add_argument("--json", default="", help="also write the pooled numbers here")
     p.add_argument(
@@ -489,50 +544,62 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
         tenants_file, solo, many = write_tenants(Path(tmp))
-        steps = 2 * args.rounds
+        made = (tenants_file, solo, many, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate)
+
+        def record(name: str, level: Level, got: LevelRun) -> None:
+            rate, ttfts, itls, hit, batched = got.rate, got.ttfts, got.itls, got.hit, got.batched
+            s = results[name][level]
+            s.cpu_ms.append(got.cpu_ms)
+            s.hit_pct.append(hit)
+            s.batches.append(batched)
+            s.throughput.append(rate)
+            s.ttfts += ttfts
+            s.itls += itls
+            s.p99s.append(p99(ttfts))
+            print(
+                f"  {name:8s} {level.name:24s} {rate:5.1f} req/s  TTFT p50 {1e3 * statistics.median(ttfts):6.0f} ms"
+                f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens"
+                f"\n  {'':33s} {batched.line()}; CPU ms/request: "
+                + ", ".join(f"{role} {got.cpu_ms[role]:.1f}" for role in CPU_ROLES),
+                flush=True,
+            )
+
         for r in range(args.rounds):
             order = SERVERS if r % 2 == 0 else tuple(reversed(SERVERS))
-            for name in order:
-                done = 2 * r + order.index(name)
-                eta = (time.monotonic() - start) / done * (steps - done) if done else float("nan")
-                print(f"round {r + 1}/{args.rounds}: {name} (ETA {eta:.0f} s)", flush=True)
-                seed = 1000 * (args.seed + r)
-                logs = log_dir / f"{name}-round{r + 1}" if log_dir is not None else None
-                got = run_server(
-                    name,
-                    levels,
-                    tenants_file,
-                    solo,
-                    many,
-                    seed,
-                    Path(tmp),
-                    iso_args,
-                    profile_dir,
-                    both_args,
-                    logs,
-                    args.profile_rate,
-                )
-                for level, (rate, ttfts, itls, hit, batched) in got.items():
-                    s = results[name][level]
-                    s.hit_pct.append(hit)
-                    s.batches.append(batched)
-                    s.throughput.append(rate)
-                    s.ttfts += ttfts
-                    s.itls += itls
-                    s.p99s.append(p99(ttfts))
-                    print(
-                        f"  {level.name:24s} {rate:5.1f} req/s  TTFT p50 {1e3 * statistics.median(ttfts):6.0f} ms"
-                        f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens"
-                        f"\n  {'':24s} {batched.line()}",
-                        flush=True,
-                    )
+            eta = (time.monotonic() - start) / r * (args.rounds - r) if r else float("nan")
+            print(f"round {r + 1}/{args.rounds} ({args.schedule}, ETA {eta:.0f} s)", flush=True)
+            seed = 1000 * (args.seed + r)
+
+            def logs(name: str, r: int = r) -> Path | None:
+                return log_dir / f"{name}-round{r + 1}" if log_dir is not None else None
+
+            if args.schedule == "sequential":
+                for name in order:
+                    server = BenchServer(name, *made).start(seed)
+                    try:
+                        for n, level in enumerate(levels):
+                            record(name, level, server.run(level, seed + 10 * n, logs(name)))
+                    finally:
+                        server.stop()
+                continue
+            servers: dict[str, BenchServer] = {}
+            try:
+                for name in order:
+                    servers[name] = BenchServer(name, *made).start(seed)
+                for n, level in enumerate(levels):
+                    # NOTE: the first server alternates per level too, so neither always runs right after a start.
+                    for name in order if n % 2 == 0 else tuple(reversed(order)):
+                        record(name, level, servers[name].run(level, seed + 10 * n, logs(name)))
+            finally:
+                for server in servers.values():
+                    server.stop()
     print(f"\n{args.rounds} rounds per server, {time.monotonic() - start:.0f} s\n")
     print(table(results, levels))
     if args.json:
         pooled = {
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
                           "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct,
-                          "batches": [vars(b) for b in v.batches]}
+                          "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms}
                 for lv, v in results[s].items()}
             for s in SERVERS
         }  # fmt: skip

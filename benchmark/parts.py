@@ -15,8 +15,16 @@ every few seconds, the machine's drift (larger here than most effects) hits them
 variant, the median over rounds of its block time divided by upstream's in the same round (the paired ratio), with
 the range. A variant's share is its ratio's distance from the variant with that part off.
 
+Beside the wall time, each block's CPU time is read from every process of the server (``psutil``: user + system
+seconds of the HTTP process, the scheduler, the detokenizer) and printed per request and process with the same
+paired ratio: the work a part adds, less exposed to the machine's drift than the wall time (an idle server's
+processes sleep, so a block's CPU is its own; a busy-polling scheduler counts its polls between steps too).
+
 Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults), ``check-off`` (``--kv-owner-check
-off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both). Progress (rounds, ETA) goes to stdout.
+off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both), ``no-tenants`` (no tenants file: no gate and no
+keys, every request in one open namespace; the tree, scrub and owner check as in ``iso``). ``--concurrency N`` sends
+each block from N clients at once (the block is then N times ``--block`` requests). Progress (rounds, ETA) goes to
+stdout.
 """
 
 from __future__ import annotations
@@ -29,11 +37,18 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import new_api_key
-from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port, iso_server_argv
+from sglang_iso_testing.process import (
+    CPU_ROLES,
+    ServerProcess,
+    baseline_server_argv,
+    free_port,
+    iso_server_argv,
+)
 from sglang_iso_testing.progress import Progress
 from sglang_iso_testing.tenants import write_tenants_file
 
@@ -42,7 +57,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "check-off": ("--kv-owner-check", "off"),
     "scrub-off": ("--kv-scrub", "off"),
     "both-off": ("--kv-owner-check", "off", "--kv-scrub", "off"),
+    "no-tenants": (),
 }
+KEYLESS = frozenset({"no-tenants"})
+"""Variants started without a tenants file (no gate, no tenant keys: one open namespace), sent no key."""
 SIZES = ("--max-total-tokens", "65536", "--max-running-requests", "16")
 PROMPT_TOKENS, OUTPUT_TOKENS, WARMUP = 512, 16, 5
 PREFIXES, PREFIX_TOKENS, QUESTION_TOKENS = 8, 768, 96
@@ -53,7 +71,8 @@ UPSTREAM = "upstream"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--block", type=int, default=20, help="requests per server per round")
+    parser.add_argument("--block", type=int, default=20, help="requests per client per server per round")
+    parser.add_argument("--concurrency", type=int, default=1, help="clients sending each block at once")
     parser.add_argument("--variants", default="iso,check-off,scrub-off,both-off")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workload", choices=("random", "shared"), default="random")
@@ -70,7 +89,8 @@ def main() -> None:
         try:
             rng = random.Random(args.seed)
             prompt = _random_prompt if args.workload == "random" else _shared_prompt(rng)
-            times = run_rounds(servers, key, args.rounds, args.block, rng, prompt)
+            block = args.block * args.concurrency
+            times, cpu = run_rounds(servers, key, args.rounds, block, rng, prompt, args.concurrency)
         finally:
             for server in servers.values():
                 server.stop()
@@ -80,8 +100,18 @@ def main() -> None:
             f"{name:10s} median {row['median_ms']:6.2f} ms/request  paired ratio {row['ratio']:.3f} "
             f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
         )
+    cpu_summary = {f"{name} {role}": row for role in CPU_ROLES for name, row in summarize(cpu_of(cpu, role)).items()}
+    print("CPU per request (ms), by process:")
+    for label, row in cpu_summary.items():
+        print(
+            f"  {label:24s} median {row['median_ms']:6.2f}  paired ratio {row['ratio']:.3f} "
+            f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+        )
     if args.json:
-        out = {"workload": args.workload, "block": args.block, "times_ms": times, "summary": summary}
+        out = {
+            "workload": args.workload, "block": args.block, "times_ms": times, "summary": summary,
+            "cpu_ms": cpu, "cpu_summary": cpu_summary,
+        }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1))
 
 
@@ -94,7 +124,8 @@ def start_servers(variants: list[str], tenants: Path) -> dict[str, ServerProcess
         servers[UPSTREAM].start(timeout_s=300)
         for name in variants:
             port = free_port()
-            argv = iso_server_argv(port, tiny_model_path(), *SIZES, "--tenants-file", str(tenants), *VARIANTS[name])
+            tenancy = () if name in KEYLESS else ("--tenants-file", str(tenants))
+            argv = iso_server_argv(port, tiny_model_path(), *SIZES, *tenancy, *VARIANTS[name])
             servers[name] = ServerProcess(argv, port).start(timeout_s=300)
             print(f"started {name}", flush=True)
     except BaseException:
@@ -111,22 +142,36 @@ def run_rounds(
     block: int,
     rng: random.Random,
     prompt: Callable[[random.Random], list[int]],
-) -> dict[str, list[float]]:
-    """Per server, the mean time of one request in each round's block (ms)."""
+    concurrency: int = 1,
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+    """Per server, the mean time of one request in each round's block (ms: the block's time over its requests),
+    and its processes' CPU per request in each block (ms, by ``CPU_ROLES``). ``concurrency`` clients share a block."""
     names = list(servers)
+    keys = {name: None if name == UPSTREAM or name in KEYLESS else key for name in names}
     for name in names:
         for _ in range(WARMUP):
-            _request(servers[name], None if name == UPSTREAM else key, prompt(rng))
+            _request(servers[name], keys[name], prompt(rng))
+    pool = ThreadPoolExecutor(max_workers=concurrency)
     times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     progress = Progress("parts", rounds, unit="rounds", every_s=0)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
+            before = servers[name].cpu_seconds()
             started = time.perf_counter()
-            for _ in range(block):
-                _request(servers[name], None if name == UPSTREAM else key, prompt(rng))
+            prompts = [prompt(rng) for _ in range(block)]
+            list(pool.map(lambda p, server=servers[name], k=keys[name]: _request(server, k, p), prompts))
             times[name].append((time.perf_counter() - started) / block * 1000)
+            after = servers[name].cpu_seconds()
+            cpu[name].append({role: (after[role] - before.get(role, 0.0)) / block * 1000 for role in after})
         progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
-    return times
+    pool.shutdown()
+    return times, cpu
+
+
+def cpu_of(cpu: dict[str, list[dict[str, float]]], role: str) -> dict[str, list[float]]:
+    """One role's CPU per request in each round, per server (the shape :func:`summarize` takes)."""
+    return {name: [block[role] for block in blocks] for name, blocks in cpu.items()}
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:

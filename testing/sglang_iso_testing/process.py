@@ -49,6 +49,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+CPU_ROLES = ("http", "scheduler", "detokenizer", "all")
+"""The processes :meth:`ServerProcess.cpu_seconds` reads (``all``: every process of the server)."""
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message has its log tail."""
 
@@ -161,6 +165,27 @@ class ServerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU seconds so far of the server's processes, by :data:`CPU_ROLES`: the HTTP process (the
+        one started), SGLang's scheduler and detokenizer (by their process titles), and all of them together."""
+        import psutil
+
+        if self.proc is None:
+            raise RuntimeError("server not started")
+        main = psutil.Process(self.proc.pid)
+        out = dict.fromkeys(CPU_ROLES, 0.0)
+        for proc in (main, *main.children(recursive=True)):
+            try:
+                times, name = proc.cpu_times(), proc.name()
+            except psutil.NoSuchProcess:
+                continue
+            seconds = times.user + times.system
+            role = "http" if proc.pid == main.pid else next((r for r in CPU_ROLES[1:3] if r in name), None)
+            if role is not None:
+                out[role] += seconds
+            out["all"] += seconds
+        return out
 
     def post(
         self, path: str, payload: dict[str, Any], *, headers: dict[str, str] | None = None, timeout_s: float = 120.0
