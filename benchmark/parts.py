@@ -18,13 +18,14 @@ the range. A variant's share is its ratio's distance from the variant with that 
 Beside the wall time, each block's CPU time is read from every process of the server (``psutil``: user + system
 seconds of the HTTP process, the scheduler, the detokenizer) and printed per request and process with the same
 paired ratio: the work a part adds, less exposed to the machine's drift than the wall time (an idle server's
-processes sleep, so a block's CPU is its own; a busy-polling scheduler counts its polls between steps too).
+processes sleep, so a block's CPU is its own; the scheduler's includes its torch threads' spinning, so it follows
+its busy time more than its work).
 
 Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults), ``check-off`` (``--kv-owner-check
 off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both), ``no-tenants`` (no tenants file: no gate and no
 keys, every request in one open namespace; the tree, scrub and owner check as in ``iso``). ``--concurrency N`` sends
-each block from N clients at once (the block is then N times ``--block`` requests). Progress (rounds, ETA) goes to
-stdout.
+each block from N clients at once (the block is then N times ``--block`` requests); ``--text`` sends the prompts as
+text. Progress (rounds, ETA) goes to stdout.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def main() -> None:
     parser.add_argument("--variants", default="iso,check-off,scrub-off,both-off")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workload", choices=("random", "shared"), default="random")
+    parser.add_argument(
+        "--text", action="store_true", help="send each prompt as text (the served tokenizer's decoding of its ids)"
+    )
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -88,7 +92,8 @@ def main() -> None:
         servers = start_servers(variants, tenants)
         try:
             rng = random.Random(args.seed)
-            prompt = _random_prompt if args.workload == "random" else _shared_prompt(rng)
+            ids = _random_prompt if args.workload == "random" else _shared_prompt(rng)
+            prompt: Callable[[random.Random], list[int] | str] = _as_text(ids) if args.text else ids
             block = args.block * args.concurrency
             times, cpu = run_rounds(servers, key, args.rounds, block, rng, prompt, args.concurrency)
         finally:
@@ -141,7 +146,7 @@ def run_rounds(
     rounds: int,
     block: int,
     rng: random.Random,
-    prompt: Callable[[random.Random], list[int]],
+    prompt: Callable[[random.Random], list[int] | str],
     concurrency: int = 1,
 ) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
     """Per server, the mean time of one request in each round's block (ms: the block's time over its requests),
@@ -203,10 +208,27 @@ def _shared_prompt(seed_rng: random.Random) -> Callable[[random.Random], list[in
     return prompt
 
 
-def _request(server: ServerProcess, key: str | None, prompt: list[int]) -> None:
-    """One streamed /generate of ``prompt``, read to the end."""
+def _as_text(prompt: Callable[[random.Random], list[int]]) -> Callable[[random.Random], str]:
+    """A prompt maker sending text: the served model's tokenizer decodes the ids (the server tokenizes them again,
+    as it does the text prompts of ``bench_serving.py``'s generated-shared-prefix levels)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    decoded: dict[tuple[int, ...], str] = {}
+
+    def text(rng: random.Random) -> str:
+        ids = tuple(prompt(rng))
+        if ids not in decoded:
+            decoded[ids] = tokenizer.decode(list(ids))
+        return decoded[ids]
+
+    return text
+
+
+def _request(server: ServerProcess, key: str | None, prompt: list[int] | str) -> None:
+    """One streamed /generate of ``prompt`` (token ids or text), read to the end."""
     body = {
-        "input_ids": prompt,
+        "text" if isinstance(prompt, str) else "input_ids": prompt,
         "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True},
         "stream": True,
     }
