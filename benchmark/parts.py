@@ -25,7 +25,9 @@ Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults)
 off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both), ``no-tenants`` (no tenants file: no gate and no
 keys, every request in one open namespace; the tree, scrub and owner check as in ``iso``). ``--concurrency N`` sends
 each block from N clients at once (the block is then N times ``--block`` requests); ``--text`` sends the prompts as
-text. Progress (rounds, ETA) goes to stdout.
+text; ``--decode-steps`` starts every server with ``--decode-log-interval 1`` and prints, per variant, the median
+time of the decode steps with N running (from each block's log lines, a step after a prefill left out) and its
+paired ratio. Progress (rounds, ETA) goes to stdout.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -80,6 +83,11 @@ def main() -> None:
     parser.add_argument(
         "--text", action="store_true", help="send each prompt as text (the served tokenizer's decoding of its ids)"
     )
+    parser.add_argument(
+        "--decode-steps",
+        action="store_true",
+        help="servers log every decode step (--decode-log-interval 1); print each variant's decode step time",
+    )
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
@@ -89,13 +97,13 @@ def main() -> None:
     key = new_api_key()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
         tenants = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key}).path
-        servers = start_servers(variants, tenants)
+        servers = start_servers(variants, tenants, STEP_LOG if args.decode_steps else ())
         try:
             rng = random.Random(args.seed)
             ids = _random_prompt if args.workload == "random" else _shared_prompt(rng)
             prompt: Callable[[random.Random], list[int] | str] = _as_text(ids) if args.text else ids
             block = args.block * args.concurrency
-            times, cpu = run_rounds(servers, key, args.rounds, block, rng, prompt, args.concurrency)
+            times, cpu, steps = run_rounds(servers, key, args.rounds, block, rng, prompt, args.concurrency)
         finally:
             for server in servers.values():
                 server.stop()
@@ -112,25 +120,34 @@ def main() -> None:
             f"  {label:24s} median {row['median_ms']:6.2f}  paired ratio {row['ratio']:.3f} "
             f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
         )
+    step_summary = summarize(steps) if args.decode_steps and all(steps.values()) else {}
+    if step_summary:
+        print(f"Decode step with {args.concurrency} running (ms; median of each block's steps):")
+        for name, row in step_summary.items():
+            print(
+                f"  {name:10s} median {row['median_ms']:6.2f}  paired ratio {row['ratio']:.3f} "
+                f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
+            )
     if args.json:
         out = {
             "workload": args.workload, "block": args.block, "times_ms": times, "summary": summary,
-            "cpu_ms": cpu, "cpu_summary": cpu_summary,
+            "cpu_ms": cpu, "cpu_summary": cpu_summary, "decode_step_ms": steps, "decode_step_summary": step_summary,
         }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1))
 
 
-def start_servers(variants: list[str], tenants: Path) -> dict[str, ServerProcess]:
-    """Upstream first, then each variant; all kept running (idle ones sleep)."""
+def start_servers(variants: list[str], tenants: Path, extra: tuple[str, ...] = ()) -> dict[str, ServerProcess]:
+    """Upstream first, then each variant (all with the SGLang flags ``extra``); all kept running (idle ones
+    sleep)."""
     servers: dict[str, ServerProcess] = {}
     try:
         port = free_port()
-        servers[UPSTREAM] = ServerProcess(baseline_server_argv(port, tiny_model_path(), *SIZES), port)
+        servers[UPSTREAM] = ServerProcess(baseline_server_argv(port, tiny_model_path(), *SIZES, *extra), port)
         servers[UPSTREAM].start(timeout_s=300)
         for name in variants:
             port = free_port()
             tenancy = () if name in KEYLESS else ("--tenants-file", str(tenants))
-            argv = iso_server_argv(port, tiny_model_path(), *SIZES, *tenancy, *VARIANTS[name])
+            argv = iso_server_argv(port, tiny_model_path(), *SIZES, *extra, *tenancy, *VARIANTS[name])
             servers[name] = ServerProcess(argv, port).start(timeout_s=300)
             print(f"started {name}", flush=True)
     except BaseException:
@@ -148,9 +165,11 @@ def run_rounds(
     rng: random.Random,
     prompt: Callable[[random.Random], list[int] | str],
     concurrency: int = 1,
-) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
     """Per server, the mean time of one request in each round's block (ms: the block's time over its requests),
-    and its processes' CPU per request in each block (ms, by ``CPU_ROLES``). ``concurrency`` clients share a block."""
+    its processes' CPU per request in each block (ms, by ``CPU_ROLES``), and the median decode step with
+    ``concurrency`` running in each block (ms, from its log; none unless it logs every decode step). ``concurrency``
+    clients share a block."""
     names = list(servers)
     keys = {name: None if name == UPSTREAM or name in KEYLESS else key for name in names}
     for name in names:
@@ -159,19 +178,46 @@ def run_rounds(
     pool = ThreadPoolExecutor(max_workers=concurrency)
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    steps: dict[str, list[float]] = {name: [] for name in names}
     progress = Progress("parts", rounds, unit="rounds", every_s=0)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            before = servers[name].cpu_seconds()
+            before, seen = servers[name].cpu_seconds(), len(servers[name].log_text())
             started = time.perf_counter()
             prompts = [prompt(rng) for _ in range(block)]
             list(pool.map(lambda p, server=servers[name], k=keys[name]: _request(server, k, p), prompts))
             times[name].append((time.perf_counter() - started) / block * 1000)
             after = servers[name].cpu_seconds()
             cpu[name].append({role: (after[role] - before.get(role, 0.0)) / block * 1000 for role in after})
+            step = decode_steps_ms(servers[name].log_text()[seen:], concurrency)
+            if step:
+                steps[name].append(statistics.median(step))
         progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
     pool.shutdown()
-    return times, cpu
+    return times, cpu, steps
+
+
+STEP_LOG = ("--decode-log-interval", "1")
+"""SGLang logs every decode step: its ``gen throughput`` is then the step's tokens over the step's time."""
+_BATCH_LINE = re.compile(r"(Prefill|Decode) batch(?: \[\d+\])?, ")
+_DECODE_STATS = re.compile(r"#running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_steps_ms(log: str, running: int) -> list[float]:
+    """Times (ms) of the decode steps with ``running`` requests that followed a decode step (a step after a
+    prefill also holds the prefill), from log lines written with :data:`STEP_LOG`."""
+    out, previous = [], None
+    for line in log.splitlines():
+        batch = _BATCH_LINE.search(line)
+        if batch is None:
+            continue
+        stats = _DECODE_STATS.search(line) if batch.group(1) == "Decode" else None
+        if stats is not None and previous == "Decode" and int(stats.group(1)) == running:
+            tokens_per_s = float(stats.group(2))
+            if tokens_per_s > 0:
+                out.append(1000.0 * running / tokens_per_s)
+        previous = batch.group(1)
+    return out
 
 
 def cpu_of(cpu: dict[str, list[dict[str, float]]], role: str) -> dict[str, list[float]]:

@@ -124,3 +124,39 @@ def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_repeated() 
     assert all(20000 <= p < 32000 for p in ports)  # outgoing connections take ports from 32768 up
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[-1]))  # it is free indeed
+
+
+WITH_BUSY_SCHEDULER = (
+    textwrap.dedent(
+        """
+    import subprocess, sys
+    # a child titled as SGLang titles its scheduler (with setproctitle, whose title psutil reads)
+    busy = "import setproctitle; setproctitle.setproctitle('sglang::scheduler')\\nwhile True: pass"
+    subprocess.Popen([sys.executable, "-c", busy])
+    """
+    )
+    + HEALTHY
+)
+
+
+def test_cpu_seconds_are_read_per_process_of_the_server() -> None:
+    import time
+
+    server = _server(WITH_BUSY_SCHEDULER).start(timeout_s=30)
+    try:
+        before = server.cpu_seconds()
+        time.sleep(1.0)
+        after = server.cpu_seconds()
+    finally:
+        server.stop()
+    scheduler = after["scheduler"] - before["scheduler"]
+    http = after["http"] - before["http"]
+    assert scheduler > 0.3  # the busy child, found by its title
+    assert http < 0.2 < scheduler  # the idle HTTP process is told apart from it
+    assert after["detokenizer"] == 0.0
+    assert after["all"] >= after["scheduler"] + after["http"]
+
+
+def test_cpu_seconds_need_a_started_server() -> None:
+    with pytest.raises(RuntimeError, match="not started"):
+        _server(HEALTHY).cpu_seconds()
