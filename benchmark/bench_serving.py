@@ -547,19 +547,18 @@ def main(argv: list[str] | None = None) -> int:
         made = (tenants_file, solo, many, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate)
 
         def record(name: str, level: Level, got: LevelRun) -> None:
-            rate, ttfts, itls, hit, batched = got.rate, got.ttfts, got.itls, got.hit, got.batched
             s = results[name][level]
             s.cpu_ms.append(got.cpu_ms)
-            s.hit_pct.append(hit)
-            s.batches.append(batched)
-            s.throughput.append(rate)
-            s.ttfts += ttfts
-            s.itls += itls
-            s.p99s.append(p99(ttfts))
+            s.hit_pct.append(got.hit)
+            s.batches.append(got.batched)
+            s.throughput.append(got.rate)
+            s.ttfts += got.ttfts
+            s.itls += got.itls
+            s.p99s.append(p99(got.ttfts))
             print(
-                f"  {name:8s} {level.name:24s} {rate:5.1f} req/s  TTFT p50 {1e3 * statistics.median(ttfts):6.0f} ms"
-                f"  p99 {1e3 * p99(ttfts):6.0f} ms  cached {hit:4.1f}% of prompt tokens"
-                f"\n  {'':33s} {batched.line()}; CPU ms/request: "
+                f"  {name:8s} {level.name:24s} {got.rate:5.1f} req/s  TTFT p50 "
+                f"{1e3 * statistics.median(got.ttfts):6.0f} ms  p99 {1e3 * p99(got.ttfts):6.0f} ms  cached "
+                f"{got.hit:4.1f}% of prompt tokens\n  {'':33s} {got.batched.line()}; CPU ms/request: "
                 + ", ".join(f"{role} {got.cpu_ms[role]:.1f}" for role in CPU_ROLES),
                 flush=True,
             )
