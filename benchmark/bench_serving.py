@@ -28,14 +28,23 @@ file: one tenant for the single-tenant levels and 8 for the others, each with ro
 (``max_concurrent_requests`` 64, ``kv_share`` 1: with the defaults, half the running slots each, a random burst of
 32 puts some tenant over its limit and it gets 429, which measures the policy, not the overhead); scrub and owner
 check at their defaults.
-Every level gets its own seed, so no level reuses another's prefixes (which upstream, keyless, would share across
-tenants). A warm-up level runs first on each server. Per level and server the rounds' numbers are pooled:
+``--repeats K`` runs each level K times per round on each server (each run its own pair, the first server
+alternating), for more pairs per server start. Every run gets its own seed, so no run reuses another's prefixes
+(which upstream, keyless, would share across tenants). A warm-up level runs first on each server. Per level and
+server the runs' numbers are pooled:
 request throughput (median of rounds), TTFT median and P99 (over all requests of all rounds), mean ITL, and the
 share of prompt tokens the prefix cache supplied (from SGLang's prefill-batch log lines, so both servers are seen
 to reuse the same), and the CPU time per request of the HTTP process and the scheduler (``psutil``, the whole
 level; the scheduler's includes its torch threads' spinning, so it follows its busy time); the table prints
-iso/upstream ratios and the spread of the rounds. ``--plot`` writes the TTFT
+iso/upstream ratios and the spread of the runs, and the median of the runs' paired throughput ratios (each run
+against its pair, seconds apart: what the machine's drift disturbs least). ``--plot`` writes the TTFT
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
+
+``--phases`` loads the test plugin :mod:`sglang_iso_testing.phase_timer` into both servers (the comparison server
+loads it too) and adds, per level, the milliseconds per scheduler step of each of the scheduler's phases (request
+intake, batch selection, the forward with and without what runs before it, result processing, the tree's
+operations, and sglang-iso's owner check and scrub), read from ``/get_server_info`` before and after each run: the
+share of each part measured where it runs, without sampling.
 
 ``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
 ``py-spy record`` (one per process) while each level runs, writes the collapsed stacks to
@@ -70,6 +79,7 @@ from typing import Any
 
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing import phase_timer
 from sglang_iso_testing.process import (
     CPU_ROLES,
     ServerProcess,
@@ -135,6 +145,18 @@ class Samples:
     """How the scheduler batched each round."""
     cpu_ms: list[dict[str, float]] = field(default_factory=list)
     """CPU milliseconds per request of each round, by process (``CPU_ROLES``)."""
+    phases: list[dict[str, float]] = field(default_factory=list)
+    """With ``--phases``: milliseconds per scheduler step of each phase, each round."""
+
+
+ROUND_SEEDS = 100_000
+"""Seed stride between rounds: each level run of a round gets its own seed below it (and the warm-up the last)."""
+
+
+def level_seed(round_seed: int, level: int, repeat: int, levels: int) -> int:
+    """The client seed of one run (level index, repeat): unique within the round, so no run reuses another's
+    prefixes (which upstream, keyless, would share across tenants)."""
+    return round_seed + 10 * (level + levels * repeat)
 
 
 def parse_levels(text: str) -> list[Level]:
@@ -156,12 +178,25 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def write_tenants(directory: Path) -> tuple[Path, str, list[str]]:
+@dataclass(frozen=True)
+class TenantsFile:
+    """The tenants file sglang-iso runs with, and its keys."""
+
+    path: Path
+    solo: str
+    """The single-tenant levels' key."""
+    many: list[str]
+    """The many-tenant levels' keys."""
+    admin: str
+    """Reads ``/get_server_info`` (``--phases``)."""
+
+
+def write_tenants(directory: Path) -> TenantsFile:
     """A tenants file with one big tenant and :data:`TENANTS` others, all with room for the whole load; their keys."""
     roomy = {"max_concurrent_requests": 64, "kv_share": 1.0}
     ids = ["solo", *(f"tenant{i}" for i in range(TENANTS))]
     made = write_tenants_file(directory, {tenant: roomy for tenant in ids}, keys={t: new_api_key() for t in ids})
-    return made.path, made.keys["solo"], [made.keys[t] for t in ids[1:]]
+    return TenantsFile(made.path, made.keys["solo"], [made.keys[t] for t in ids[1:]], made.keys["admin"])
 
 
 class Profiler:
@@ -358,31 +393,33 @@ class BenchServer:
     def __init__(
         self,
         name: str,
-        tenants_file: Path,
-        solo: str,
-        many: list[str],
+        tenants: TenantsFile,
         workdir: Path,
         iso_args: tuple[str, ...] = (),
         both_args: tuple[str, ...] = (),
         profile_dir: Path | None = None,
         profile_rate: int = 50,
+        phases: bool = False,
     ) -> None:
-        self.name, self.solo, self.many, self.workdir = name, solo, many, workdir
+        self.name, self.solo, self.many, self.workdir = name, tenants.solo, tenants.many, workdir
         self.profile_dir, self.profile_rate = profile_dir, profile_rate
+        self.phases = phases
+        self.info_headers = {"Authorization": f"Bearer {tenants.admin}"} if name == "iso" else {}
         port = free_port()
         if name == "upstream":
             argv = baseline_server_argv(port, tiny_model_path(), *SIZES, *both_args)
         else:
             argv = iso_server_argv(
-                port, tiny_model_path(), *SIZES, *both_args, "--tenants-file", str(tenants_file), *iso_args
+                port, tiny_model_path(), *SIZES, *both_args, "--tenants-file", str(tenants.path), *iso_args
             )
-        self.server = ServerProcess(argv, port, env={"SGLANG_LOG_FORWARD_ITERS": "1"})
+        env = {"SGLANG_LOG_FORWARD_ITERS": "1", **(phase_timer.plugin_env() if phases else {})}
+        self.server = ServerProcess(argv, port, env=env)
 
     def start(self, seed: int) -> BenchServer:
         self.server.start(timeout_s=600)
         try:
             keys = [self.solo if self.name == "iso" else None]
-            run_level(self.server.base_url, Level("gsp", 8, 1), keys, seed + 999, self.workdir)  # warm-up
+            run_level(self.server.base_url, Level("gsp", 8, 1), keys, seed + ROUND_SEEDS - 1, self.workdir)  # warm-up
         except BaseException:
             self.server.stop()
             raise
@@ -401,12 +438,14 @@ class BenchServer:
         if self.profile_dir is not None and server.proc is not None:
             profiler = Profiler(server.proc.pid, self.profile_dir / f"{name}-{slug}.txt", self.profile_rate)
         cpu_before = server.cpu_seconds()
+        phases_before = self.phase_totals()
         try:
             rate, ttfts, itls = run_level(server.base_url, level, keys, seed, self.workdir)
         finally:
             if profiler is not None:
                 print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
         cpu_after = server.cpu_seconds()
+        phases = phase_timer.per_step(phases_before, self.phase_totals()) if self.phases else {}
         cpu_ms = {role: 1e3 * (cpu_after[role] - cpu_before[role]) / level.prompts for role in CPU_ROLES}
         log = server.log_text()[seen:]
         if log_prefix is not None:
@@ -415,7 +454,17 @@ class BenchServer:
             shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")  # the client's per-request numbers
         new, cached = prefill_tokens(log)
         hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
-        return LevelRun(rate, ttfts, itls, hit, batches(log), cpu_ms)
+        return LevelRun(rate, ttfts, itls, hit, batches(log), cpu_ms, {k: ms for k, (ms, _) in phases.items()})
+
+    def phase_totals(self) -> dict[str, list[float]]:
+        """The phase timer's totals of the first scheduler (``--phases``; empty without)."""
+        if not self.phases:
+            return {}
+        status, info = self.server.get_with("/get_server_info", self.info_headers)
+        if status != 200:
+            raise RuntimeError(f"{self.name}: /get_server_info answered {status}: {info}")
+        totals: dict[str, list[float]] = info["internal_states"][0][phase_timer.KEY]
+        return totals
 
 
 @dataclass(frozen=True)
@@ -431,6 +480,8 @@ class LevelRun:
     batched: Batches
     cpu_ms: dict[str, float]
     """CPU milliseconds per request by process (``CPU_ROLES``); with ``--profile``, the samplers' cost included."""
+    phases: dict[str, float]
+    """With ``--phases``: milliseconds per scheduler step (``run_batch``) of each timed phase; else empty."""
 
 
 def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
@@ -469,7 +520,26 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
                 if scale == 1.0:
                     spread = f"{min(u_rounds):.1f}-{max(u_rounds):.1f}; {min(i_rounds):.1f}-{max(i_rounds):.1f}"
             rows.append(f"| {level.name} | {label} | {u * scale:.1f} | {i * scale:.1f} | {i / u:.2f} | {spread} |")
+        paired = [i / u for u, i in zip(up.throughput, iso.throughput, strict=True)]
+        rows.append(
+            f"| {level.name} | req/s iso/upstream of each pair (median of {len(paired)}) | | | "
+            f"{statistics.median(paired):.2f} | {min(paired):.2f}-{max(paired):.2f} |"
+        )
+        rows += phase_rows(level.name, up.phases, iso.phases)
     return "\n".join(rows)
+
+
+def phase_rows(level: str, up: list[dict[str, float]], iso: list[dict[str, float]]) -> list[str]:
+    """Table rows of the scheduler phases (``--phases``): ms per step, median of rounds; "-" where a server has none
+    (sglang-iso's own phases in upstream)."""
+    rows = []
+    for phase in dict.fromkeys(k for runs in (up, iso) for run in runs for k in run):
+        values = [[run[phase] for run in runs if phase in run] for runs in (up, iso)]
+        u, i = (statistics.median(v) if v else None for v in values)
+        ratio = f"{i / u:.2f}" if u and i is not None else "-"
+        shown = [f"{x:.3f}" if x is not None else "-" for x in (u, i)]
+        rows.append(f"| {level} | {phase} ms per step (median of rounds) | {shown[0]} | {shown[1]} | {ratio} | |")
+    return rows
 
 
 def plot(path: Path, results: dict[str, dict[Level, Samples]], levels: list[Level]) -> bool:
@@ -502,6 +572,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds per server (order alternates)")
     p.add_argument("--levels", default=DEFAULT_LEVELS, help="comma-separated DATASET:CONCURRENCY[xTENANTS]")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs of each level per round and server (more pairs per start)"
+    )
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the schedulers' phases per step (test plugin sglang_iso_testing.phase_timer in both servers)",
+    )
     p.add_argument(
         "--schedule",
         choices=("paired", "sequential"),
@@ -536,15 +614,16 @@ def main(argv: list[str] | None = None) -> int:
         levels = parse_levels(args.levels)
     except ValueError as exc:
         p.error(str(exc))
-    if args.rounds < 1 or not levels:
-        p.error("--rounds >= 1 and at least one level")
+    if args.rounds < 1 or not levels or not 1 <= args.repeats <= 99:
+        p.error("--rounds >= 1, --repeats 1-99 and at least one level")
     iso_args = tuple(shlex.split(args.iso_args))
     both_args = tuple(shlex.split(args.server_args))
     results: dict[str, dict[Level, Samples]] = {s: {lv: Samples() for lv in levels} for s in SERVERS}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
-        tenants_file, solo, many = write_tenants(Path(tmp))
-        made = (tenants_file, solo, many, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate)
+        tenants = write_tenants(Path(tmp))
+        made = (tenants, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate, args.phases)
+        runs = [(n, level, k) for n, level in enumerate(levels) for k in range(args.repeats)]
 
         def record(name: str, level: Level, got: LevelRun) -> None:
             s = results[name][level]
@@ -555,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             s.ttfts += got.ttfts
             s.itls += got.itls
             s.p99s.append(p99(got.ttfts))
+            if got.phases:
+                s.phases.append(got.phases)
             print(
                 f"  {name:8s} {level.name:24s} {got.rate:5.1f} req/s  TTFT p50 "
                 f"{1e3 * statistics.median(got.ttfts):6.0f} ms  p99 {1e3 * p99(got.ttfts):6.0f} ms  cached "
@@ -567,17 +648,18 @@ def main(argv: list[str] | None = None) -> int:
             order = SERVERS if r % 2 == 0 else tuple(reversed(SERVERS))
             eta = (time.monotonic() - start) / r * (args.rounds - r) if r else float("nan")
             print(f"round {r + 1}/{args.rounds} ({args.schedule}, ETA {eta:.0f} s)", flush=True)
-            seed = 1000 * (args.seed + r)
+            seed = ROUND_SEEDS * (args.seed + r)
 
-            def logs(name: str, r: int = r) -> Path | None:
-                return log_dir / f"{name}-round{r + 1}" if log_dir is not None else None
+            def logs(name: str, k: int, r: int = r) -> Path | None:
+                run = f"-run{k + 1}" if args.repeats > 1 else ""
+                return log_dir / f"{name}-round{r + 1}{run}" if log_dir is not None else None
 
             if args.schedule == "sequential":
                 for name in order:
                     server = BenchServer(name, *made).start(seed)
                     try:
-                        for n, level in enumerate(levels):
-                            record(name, level, server.run(level, seed + 10 * n, logs(name)))
+                        for n, level, k in runs:
+                            record(name, level, server.run(level, level_seed(seed, n, k, len(levels)), logs(name, k)))
                     finally:
                         server.stop()
                 continue
@@ -585,20 +667,22 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for name in order:
                     servers[name] = BenchServer(name, *made).start(seed)
-                for n, level in enumerate(levels):
-                    # NOTE: the first server alternates per level too, so neither always runs right after a start.
-                    for name in order if n % 2 == 0 else tuple(reversed(order)):
-                        record(name, level, servers[name].run(level, seed + 10 * n, logs(name)))
+                for n, level, k in runs:
+                    # NOTE: the first server alternates per level (and repeat) too, so neither always runs right
+                    # after a start.
+                    for name in order if (n + k) % 2 == 0 else tuple(reversed(order)):
+                        got = servers[name].run(level, level_seed(seed, n, k, len(levels)), logs(name, k))
+                        record(name, level, got)
             finally:
                 for server in servers.values():
                     server.stop()
-    print(f"\n{args.rounds} rounds per server, {time.monotonic() - start:.0f} s\n")
+    print(f"\n{args.rounds} rounds of {args.repeats} run(s) per level and server, {time.monotonic() - start:.0f} s\n")
     print(table(results, levels))
     if args.json:
         pooled = {
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
                           "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct,
-                          "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms}
+                          "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms, "phases": v.phases}
                 for lv, v in results[s].items()}
             for s in SERVERS
         }  # fmt: skip

@@ -14,7 +14,8 @@ logger = logging.getLogger(__name__)
 
 def register() -> None:
     """Apply CPU compatibility, register the ``tenant`` backend and our hooks (in the comparison server,
-    ``SGLANG_ISO_BASELINE=1``, the CPU compatibility only, unless the tenant cache is required).
+    ``SGLANG_ISO_BASELINE=1``, the CPU compatibility only, unless the tenant cache is required, and the test
+    plugins that measure both servers alike).
 
     Idempotent. If this raises, SGLang logs it and ``tenant`` stays unregistered,
     so a server launched by sglang-iso (which selects ``tenant``) refuses to start:
@@ -36,6 +37,7 @@ def register() -> None:
         logger.warning(
             "sglang-iso: %s=1: plain upstream SGLang (CPU shims only, no tenant isolation)", envvars.BASELINE.name
         )
+        _load_test_plugins(settings.test_plugins, baseline=True)
         return
 
     from sglang_iso.integration import registration
@@ -62,7 +64,13 @@ def test_plugin_refusal(settings: Settings) -> str | None:
     )
 
 
-def _load_test_plugins(names: tuple[str, ...]) -> None:
+def _load_test_plugins(names: tuple[str, ...], *, baseline: bool = False) -> None:
+    """Run each named test plugin's ``register()``; in the comparison server (``baseline``) only those that declare
+    ``MEASURES_BASELINE = True`` (timers that must see both servers alike; the others act on sglang-iso's state)."""
     for name in names:
-        importlib.import_module(name).register()
+        module = importlib.import_module(name)
+        if baseline and not getattr(module, "MEASURES_BASELINE", False):
+            logger.warning("sglang-iso: TEST plugin %s skipped in the comparison server", name)
+            continue
+        module.register()
         logger.warning("sglang-iso: TEST plugin %s loaded (%s=1): not for production", name, envvars.TESTING.name)

@@ -103,3 +103,54 @@ def test_the_comparison_server_registers_no_hook(env: dict[str, str], registers:
     backend_registered, hooked = json.loads(out.stdout.strip().splitlines()[-1])
     assert backend_registered is registers
     assert (hooked == len(hook_table.targets())) if registers else (hooked == 0), hooked
+
+
+_TEST_PLUGINS_REGISTERED = (
+    "import json; from sglang_iso import plugin; from sglang_iso_testing import phase_timer, plant;"
+    "from sglang.srt.plugins.hook_registry import HookRegistry; plugin.register();"
+    "hooks = [hook for entries in HookRegistry._hooks.values() for _, hook, _ in entries];"
+    "print(json.dumps([phase_timer.wrap_phases in hooks, plant.plant_before_forward in hooks]))"
+)
+
+
+@pytest.mark.parametrize(("baseline", "plant_loaded"), [(False, True), (True, False)])
+def test_the_comparison_server_loads_only_the_test_plugins_that_measure(baseline: bool, plant_loaded: bool) -> None:
+    """The phase timer (``MEASURES_BASELINE``) times both servers alike; the plant acts on sglang-iso's tables and
+    stays out of the comparison server (positive control: sglang-iso loads both)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_ISO_")}
+    env = {
+        **clean,
+        envvars.TESTING.name: "1",
+        envvars.TEST_PLUGINS.name: "sglang_iso_testing.phase_timer,sglang_iso_testing.plant",
+        **({envvars.BASELINE.name: "1"} if baseline else {}),
+    }
+    out = subprocess.run([sys.executable, "-c", _TEST_PLUGINS_REGISTERED], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    timer_loaded, plant_seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert timer_loaded is True
+    assert plant_seen is plant_loaded
+
+
+def test_the_frozen_object_count_is_walked_until_the_freeze_fills_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gc.get_freeze_count()`` walks every frozen object (about 80 ms in a started scheduler, with no forward
+    running meanwhile): a status read counts them once the freeze has happened, not on every read."""
+    import gc
+
+    counts = iter([0, 0, 750_000, 900_000])
+    calls: list[int] = []
+
+    def counted() -> int:
+        calls.append(1)
+        return next(counts)
+
+    monkeypatch.setattr(hooks._FrozenCount, "seen", 0)
+    monkeypatch.setattr(gc, "get_freeze_count", counted)
+    assert [hooks.frozen_objects() for _ in range(2)] == [0, 0]  # positive control: read while not frozen
+    assert [hooks.frozen_objects() for _ in range(3)] == [750_000] * 3
+    assert len(calls) == 3

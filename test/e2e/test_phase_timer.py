@@ -1,0 +1,61 @@
+"""The phase timer times the real schedulers of both servers of a benchmark, sglang-iso's own phases where they run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_iso.models import tiny_model_path
+from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing import phase_timer
+from sglang_iso_testing.process import ServerProcess, baseline_server_argv, free_port
+
+from .conftest import CPU_SIZES, start_iso_server
+from .helpers import auth, generate, write_tenants_file
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "phase timer " * 40
+REQUESTS = 3
+
+
+def _phases(server: ServerProcess, headers: dict[str, str]) -> dict[str, list[float]]:
+    status, info = server.get_with("/get_server_info", headers)
+    assert status == 200, info
+    totals: dict[str, list[float]] = info["internal_states"][0][phase_timer.KEY]
+    return totals
+
+
+def test_both_servers_report_their_phases_and_only_sglang_iso_runs_its_own(tmp_path: Path) -> None:
+    keys = {"acme": new_api_key(), "admin": new_api_key()}
+    port = free_port()
+    env = phase_timer.plugin_env()
+    upstream = ServerProcess(baseline_server_argv(port, tiny_model_path(), *CPU_SIZES), port, env=env)
+    iso = start_iso_server("--tenants-file", str(write_tenants_file(tmp_path, keys)), env=env)
+    got: dict[str, dict[str, tuple[float, int]]] = {}
+    for name, server, info_headers, tenant in (
+        ("upstream", upstream, {}, None),
+        ("iso", iso, auth(keys["admin"]), keys["acme"]),
+    ):
+        try:
+            server.start()
+            before = _phases(server, info_headers)
+            for _ in range(REQUESTS):
+                if tenant is None:
+                    status, out = server.post("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+                    assert status == 200, out
+                else:
+                    assert generate(server, tenant, PROMPT)["completion_tokens"] >= 1
+            got[name] = phase_timer.per_step(before, _phases(server, info_headers))
+        finally:
+            server.stop()
+    for name, phases in got.items():
+        steps = phases[phase_timer.STEP][1]
+        assert steps >= 3, (name, phases)  # at least one prefill and the decode steps of each request
+        forward, model = phases["model_runner.forward"][0], phases["model_runner._forward_raw"][0]
+        assert 0 < model <= forward <= phases[phase_timer.STEP][0], (name, phases)
+        assert phases["tree.match_prefix"][1] >= 3, (name, phases)
+        assert phases["ingest_requests"][1] >= steps, (name, phases)  # (once per loop turn, busy or not)
+    assert got["iso"]["owner_check"][1] == got["iso"][phase_timer.STEP][1]  # before every forward
+    assert "owner_check" not in got["upstream"] and "scrub" not in got["upstream"]

@@ -1,0 +1,68 @@
+"""The phase timer's bookkeeping: nested phases, status reads left out, per-step differences."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sglang_iso_testing import phase_timer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_totals() -> Iterator[None]:
+    saved = dict(phase_timer.TOTALS)
+    phase_timer.TOTALS.clear()
+    yield
+    phase_timer.TOTALS.clear()
+    phase_timer.TOTALS.update(saved)
+
+
+def _sleep(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_status_read_inside_a_phase_is_left_out_of_it() -> None:
+    read = phase_timer.timed("dispatch.GetInternalStateReq", lambda: _sleep(0.05), excluded=True)
+    work = phase_timer.timed("dispatch.TokenizedGenerateReqInput", lambda: _sleep(0.01))
+
+    def intake(with_read: bool) -> None:
+        work()
+        if with_read:
+            read()
+
+    outer = phase_timer.timed("process_input_requests", intake)
+    outer(False)  # positive control: the phase's own work is counted
+    own = phase_timer.TOTALS["process_input_requests"][0]
+    assert own >= 0.01
+    outer(True)
+    with_read = phase_timer.TOTALS["process_input_requests"][0] - own
+    assert phase_timer.TOTALS["dispatch.GetInternalStateReq"] == [pytest.approx(0.05, abs=0.04), 1]
+    assert 0.01 <= with_read < 0.05, "the status read was counted in the phase around it"
+    assert phase_timer.TOTALS["process_input_requests"][1] == 2
+
+
+def test_per_step_divides_each_phase_by_the_steps_between_two_reports() -> None:
+    before = {"run_batch": [1.0, 10], "owner_check": [0.1, 10], "scrub": [0.5, 3]}
+    after = {"run_batch": [3.0, 30], "owner_check": [0.3, 30], "scrub": [0.5, 3], "tree.evict": [0.04, 2]}
+    got = phase_timer.per_step(before, after)
+    assert got["run_batch"] == (pytest.approx(100.0), 20)
+    assert got["owner_check"] == (pytest.approx(10.0), 20)
+    assert got["tree.evict"] == (pytest.approx(2.0), 2)  # (a phase first seen in the second report)
+    assert "scrub" not in got  # no call between the reports
+    assert phase_timer.per_step(after, after) == {}  # no step: nothing to divide by
+
+
+def test_wrapping_a_method_twice_times_it_once() -> None:
+    class Loop:
+        def step(self) -> int:
+            return 7
+
+    assert phase_timer.wrap_method(Loop, "step", "step")
+    assert not phase_timer.wrap_method(Loop, "step", "step")
+    assert not phase_timer.wrap_method(Loop, "absent", "absent")
+    assert Loop().step() == 7
+    assert phase_timer.TOTALS["step"][1] == 1

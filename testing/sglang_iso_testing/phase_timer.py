@@ -1,0 +1,166 @@
+"""Test-only server plugin: wall time of the scheduler's phases, in sglang-iso and in the comparison server alike.
+
+Loaded through ``SGLANG_ISO_TEST_PLUGINS=sglang_iso_testing.phase_timer`` with ``SGLANG_ISO_TESTING=1``
+(:func:`plugin_env`). It declares :data:`MEASURES_BASELINE`, so ``python -m sglang_iso.baseline_server`` loads it
+too and both servers of a benchmark are timed by the same code at the same points. Once the scheduler is built
+(``Scheduler.__init__`` AFTER), it wraps, on their classes, what is there then (sglang-iso's hooks included):
+
+* the loop's phases: ``Scheduler.ingest_requests`` (receiving, ``recv_requests``, then
+  ``process_input_requests``, which dispatches each message by type: ``dispatch.<type>``, where a generation
+  request's handler runs the request guard), ``get_next_batch_to_run``
+  (admission: the fairness order and shares, prefix matching, allocation and the scrub), ``run_batch``,
+  ``process_batch_result`` (releases and checkpoints into the tree);
+* ``ModelRunner.forward`` (with the owner check, a BEFORE hook on it) and ``ModelRunner._forward_raw`` (the
+  model alone): their difference is what runs before the forward;
+* the tree cache's ``match_prefix``, ``insert``, ``evict_for_alloc`` (what the allocator calls when short; upstream's
+  tree evicts inside it, sglang-iso's through ``evict``), ``evict`` and ``checkpoint``, the owner check
+  (``OwnerTable.check_batch``) and the scrub (``KvScrubber.flush``), where present.
+
+Each phase accumulates seconds and calls (``time.perf_counter``, scheduler thread; nested phases overlap: a
+phase's time includes the phases it calls, except status reads, ``dispatch.GetInternalStateReq``, which are left
+out of the phases around them, the timer's own reads included). They appear in ``/get_server_info`` under
+``internal_states[i]["phase_timer"]`` as ``{phase: [seconds, calls]}``; a benchmark reads them before and after
+a run and divides the difference by the ``run_batch`` calls (``benchmark/bench_serving.py --phases``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sglang_iso import envvars
+
+logger = logging.getLogger(__name__)
+
+MEASURES_BASELINE = True
+"""The comparison server loads this plugin too (see :func:`sglang_iso.plugin.register`)."""
+
+KEY = "phase_timer"
+STEP = "run_batch"
+"""The phase per-step numbers are divided by."""
+
+_SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
+_MODEL_RUNNER = "sglang.srt.model_executor.model_runner:ModelRunner"
+_LOOP = (
+    "ingest_requests",
+    "process_input_requests",
+    "get_next_batch_to_run",
+    "run_batch",
+    "process_batch_result",
+)
+_RUNNER = ("forward", "_forward_raw")
+_TREE = ("match_prefix", "insert", "evict_for_alloc", "evict", "checkpoint")
+_ISO = (
+    ("sglang_iso.integration.owner_check:OwnerTable", "check_batch", "owner_check"),
+    ("sglang_iso.integration.scrub:KvScrubber", "flush", "scrub"),
+)
+
+TOTALS: dict[str, list[float]] = {}
+"""Phase -> [seconds, calls] in this process (scheduler thread only)."""
+STATUS_READ = "GetInternalStateReq"
+"""The message a status read (``/get_server_info``, this plugin's own reads included) sends the scheduler: timed
+apart and left out of the phases around it, so reading the totals does not change them."""
+
+
+class _Excluded:
+    """Seconds spent in status reads so far (subtracted from the phases they ran inside)."""
+
+    seconds = 0.0
+
+
+def plugin_env() -> dict[str, str]:
+    """Environment for a server (sglang-iso or the comparison server) that loads this plugin."""
+    return {envvars.TESTING.name: "1", envvars.TEST_PLUGINS.name: __name__}
+
+
+def register() -> None:
+    """Register the hooks (called by sglang-iso's plugin in every SGLang process)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.__init__", wrap_phases, HookType.AFTER)
+    internal = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+    HookRegistry.register(f"{internal}.get_internal_state", report, HookType.AFTER)
+
+
+def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Callable[..., Any]:
+    """``fn`` adding its wall time (less the status reads inside it) and one call to ``TOTALS[phase]``; an
+    ``excluded`` phase's time is left out of the phases around it."""
+    totals = TOTALS.setdefault(phase, [0.0, 0])
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start, before = time.perf_counter(), _Excluded.seconds
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start - (_Excluded.seconds - before)
+            totals[0] += elapsed
+            totals[1] += 1
+            if excluded:
+                _Excluded.seconds += elapsed
+
+    wrapper.__phase_timer__ = phase  # type: ignore[attr-defined]
+    return wrapper
+
+
+def wrap_method(cls: type, name: str, phase: str) -> bool:
+    """Time ``cls.name`` (inherited or not) as ``phase``; False when it is absent or already timed."""
+    fn = getattr(cls, name, None)
+    if not callable(fn) or hasattr(fn, "__phase_timer__"):
+        return False
+    setattr(cls, name, timed(phase, fn))
+    return True
+
+
+def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER ``Scheduler.__init__``: wrap every phase once per process (the classes, after the hooks)."""
+    import pkgutil
+
+    scheduler_cls = pkgutil.resolve_name(_SCHEDULER)
+    for name in _LOOP:
+        wrap_method(scheduler_cls, name, name)
+    # NOTE: the scheduler dispatches each message type to a method bound at its start (hooks included): time
+    # those, per type (a generation request, and any control message a server sends itself).
+    mapping = getattr(getattr(scheduler, "_request_dispatcher", None), "_mapping", None)
+    if isinstance(mapping, dict):
+        for kind, fn in list(mapping.items()):
+            name = getattr(kind, "__name__", str(kind))
+            if not hasattr(fn, "__phase_timer__"):
+                mapping[kind] = timed(f"dispatch.{name}", fn, excluded=name == STATUS_READ)
+    receiver = getattr(scheduler, "request_receiver", None)
+    if receiver is not None:
+        wrap_method(type(receiver), "recv_requests", "recv_requests")
+    runner_cls = pkgutil.resolve_name(_MODEL_RUNNER)
+    for name in _RUNNER:
+        wrap_method(runner_cls, name, f"model_runner.{name}")
+    tree = getattr(scheduler, "tree_cache", None)
+    if tree is not None:
+        for name in _TREE:
+            wrap_method(type(tree), name, f"tree.{name}")
+    for target, name, phase in _ISO:
+        module, _, cls_name = target.partition(":")
+        # NOTE: the comparison server never builds these: their phases stay at zero calls there.
+        wrap_method(getattr(importlib.import_module(module), cls_name), name, phase)
+    logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
+
+
+def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
+    """AFTER ``get_internal_state``: the phases' totals so far."""
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        state[KEY] = {phase: [seconds, int(calls)] for phase, (seconds, calls) in TOTALS.items()}
+
+
+def per_step(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, tuple[float, int]]:
+    """Milliseconds of each phase per :data:`STEP` call between two reports, and the phase's calls then."""
+    steps = after.get(STEP, [0.0, 0])[1] - before.get(STEP, [0.0, 0])[1]
+    out: dict[str, tuple[float, int]] = {}
+    for phase, (seconds, calls) in after.items():
+        seconds0, calls0 = before.get(phase, [0.0, 0])
+        if steps > 0 and calls > calls0:
+            out[phase] = (1e3 * (seconds - seconds0) / steps, int(calls - calls0))
+    return out
