@@ -26,7 +26,6 @@ a run and divides the difference by the ``run_batch`` calls (``benchmark/bench_s
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -142,9 +141,8 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
         for name in _TREE:
             wrap_method(type(tree), name, f"tree.{name}")
     for target, name, phase in _ISO:
-        module, _, cls_name = target.partition(":")
         # NOTE: the comparison server never builds these: their phases stay at zero calls there.
-        wrap_method(getattr(importlib.import_module(module), cls_name), name, phase)
+        wrap_method(pkgutil.resolve_name(target), name, phase)
     logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
 
 
