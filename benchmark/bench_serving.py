@@ -420,6 +420,8 @@ class BenchServer:
         try:
             keys = [self.solo if self.name == "iso" else None]
             run_level(self.server.base_url, Level("gsp", 8, 1), keys, seed + ROUND_SEEDS - 1, self.workdir)  # warm-up
+            if self.name == "upstream":
+                self.server.freeze_gc()  # NOTE: sglang-iso's gate froze its processes once it listened
         except BaseException:
             self.server.stop()
             raise

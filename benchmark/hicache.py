@@ -78,6 +78,7 @@ def main() -> None:
     try:
         for srv in servers.values():
             srv.start()
+        servers["upstream"].freeze_gc()
         progress = Progress("hicache", len(servers) * args.rounds * len(prompts), every_s=10)
         for name, srv in servers.items():
             rows = []

@@ -14,7 +14,8 @@ too and both servers of a benchmark are timed by the same code at the same point
   model alone): their difference is what runs before the forward;
 * the tree cache's ``match_prefix``, ``insert``, ``evict_for_alloc`` (what the allocator calls when short; upstream's
   tree evicts inside it, sglang-iso's through ``evict``), ``evict`` and ``checkpoint``, the owner check
-  (``OwnerTable.check_batch``) and the scrub (``KvScrubber.flush``), where present.
+  (``OwnerTable.check_batch``) and the scrub (``KvScrubber.flush``), where present;
+* the garbage collector's passes, ``gc.<generation>`` (a ``gc.callbacks`` entry), inside whichever phase ran them.
 
 Each phase accumulates seconds and calls (``time.perf_counter``, scheduler thread; nested phases overlap: a
 phase's time includes the phases it calls, except status reads, ``dispatch.GetInternalStateReq``, which are left
@@ -39,6 +40,10 @@ MEASURES_BASELINE = True
 """The comparison server loads this plugin too (see :func:`sglang_iso.plugin.register`)."""
 
 KEY = "phase_timer"
+FROZEN_KEY = "phase_timer_gc_frozen"
+"""Also reported: the objects SGLang's post-start freeze moved out of the collector's reach in the scheduler (0: not
+frozen; with ``--skip-server-warmup`` the comparison server's own freeze call mostly fails, so the benchmarks make it,
+:meth:`~sglang_iso_testing.process.ServerProcess.freeze_gc`)."""
 STEP = "run_batch"
 """The phase per-step numbers are divided by."""
 
@@ -143,7 +148,33 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
     for target, name, phase in _ISO:
         # NOTE: the comparison server never builds these: their phases stay at zero calls there.
         wrap_method(pkgutil.resolve_name(target), name, phase)
+    time_gc()
     logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
+
+
+def time_gc() -> None:
+    """Time the garbage collector's passes as ``gc.<generation>`` (inside whatever phase triggered them), once per
+    process."""
+    import gc
+
+    if _gc_pass in gc.callbacks:
+        return
+    gc.callbacks.append(_gc_pass)
+
+
+def _gc_pass(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _GcStart.at = time.perf_counter()
+        return
+    totals = TOTALS.setdefault(f"gc.{info.get('generation', '?')}", [0.0, 0])
+    totals[0] += time.perf_counter() - _GcStart.at
+    totals[1] += 1
+
+
+class _GcStart:
+    """When the collector's current pass began."""
+
+    at = 0.0
 
 
 def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
@@ -151,6 +182,9 @@ def report(result: Any, *_args: Any, **_kwargs: Any) -> None:
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
         state[KEY] = {phase: [seconds, int(calls)] for phase, (seconds, calls) in TOTALS.items()}
+        from sglang_iso.integration.hooks import frozen_objects
+
+        state[FROZEN_KEY] = frozen_objects()
 
 
 def per_step(before: dict[str, list[float]], after: dict[str, list[float]]) -> dict[str, tuple[float, int]]:

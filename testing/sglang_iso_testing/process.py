@@ -193,6 +193,19 @@ class ServerProcess:
         """POST JSON; returns (status, decoded JSON or text)."""
         return request_json(self.base_url + path, payload, headers=headers, timeout_s=timeout_s)
 
+    def freeze_gc(self) -> None:
+        """Freeze the collector in every process of a server without the tenant gate, as SGLang does after its warm-up.
+
+        :data:`IDLE_FLAGS` skip the warm-up, and SGLang then posts ``/freeze_gc`` as the server starts listening: the
+        call mostly fails (connection refused), and every process keeps collecting its whole start-up heap (full
+        collections of the HTTP process stall its event loop for most of a second). sglang-iso's gate makes that
+        call once it listens; benchmarks call this on the servers it does not guard, so the comparison server runs
+        as upstream does by default.
+        """
+        status, body = self.post("/freeze_gc", {})
+        if status != 200:
+            raise RuntimeError(f"/freeze_gc answered {status}: {str(body)[:200]}")
+
     def get(self, path: str, *, timeout_s: float = 30.0) -> tuple[int, Any]:
         return request_json(self.base_url + path, None, timeout_s=timeout_s)
 

@@ -66,3 +66,20 @@ def test_wrapping_a_method_twice_times_it_once() -> None:
     assert not phase_timer.wrap_method(Loop, "absent", "absent")
     assert Loop().step() == 7
     assert phase_timer.TOTALS["step"][1] == 1
+
+
+def test_the_collectors_passes_are_timed_by_generation_once_per_process() -> None:
+    import gc
+
+    phase_timer.time_gc()
+    try:
+        phase_timer.time_gc()
+        assert gc.callbacks.count(phase_timer._gc_pass) == 1
+        before = phase_timer.TOTALS.get("gc.2", [0.0, 0])[1]
+        gc.collect()
+        seconds, calls = phase_timer.TOTALS["gc.2"]
+        assert calls == before + 1 and seconds > 0
+        gc.collect(0)
+        assert phase_timer.TOTALS["gc.0"][1] >= 1
+    finally:
+        gc.callbacks.remove(phase_timer._gc_pass)
