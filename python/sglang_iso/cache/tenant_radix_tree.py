@@ -257,7 +257,7 @@ class TenantRadixTree(TreeCore):
 
         ``owner`` is the leaf's namespace (``shared:<name>`` for a shared prefix); ``path`` is every token a
         request sends up to the leaf's end (for a continuation: the shared prefix, then its own tokens);
-        ``slots`` hold its last ``len(slots)`` tokens and are freed right after the call. Flush, quota and
+        ``slots`` hold its last ``len(slots)`` tokens and are freed when the eviction ends. Flush, quota and
         reset do not spill.
         """
         self._spill_fn = spill_fn

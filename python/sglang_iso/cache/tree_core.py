@@ -390,6 +390,7 @@ class TreeCore:
         seq = len(heap)
         freed = 0
         released: list[np.ndarray] = []
+        slots = array("q")
         try:
             while heap and freed < budget:
                 node = heapq.heappop(heap)[2]
@@ -397,13 +398,17 @@ class TreeCore:
                     continue
                 freed += len(node.value)
                 released.append(slot_view(node.value))
+                slots.extend(node.value)
                 for cand in self._remove_leaf(node):
                     if self._in_scope(cand, scope):
                         heapq.heappush(heap, (cand.last_access, seq, cand))
                         seq += 1
         finally:
-            # NOTE: one scatter for the whole eviction; nothing inserts between a leaf's removal and this.
+            # NOTE: one scatter and one release for the whole eviction (each release runs the allocator's defense
+            # layers); nothing inserts or allocates between a leaf's removal and this.
             self._resident.release_all(released)
+            if slots:
+                self._free_fn(slots)
         return freed
 
     def _in_scope(self, node: TreeNode, scope: EvictScope) -> bool:
@@ -418,9 +423,10 @@ class TreeCore:
         return any(walk is r for r in scope)
 
     def _remove_leaf(self, node: TreeNode) -> list[TreeNode]:
-        """Detach an evictable leaf, free its slots; returns nodes that became evictable leaves by it.
+        """Detach an evictable leaf; returns nodes that became evictable leaves by it.
 
-        The caller releases ``node.value`` from the resident slots (``_evict_lru`` does it once per call).
+        The caller frees ``node.value`` and releases it from the resident slots (``_evict_lru`` does both once per
+        call, for every leaf it removed).
         """
         parent = node.parent
         assert parent is not None and not node.children and node.lock_ref == 0, f"{node=}"
@@ -437,7 +443,6 @@ class TreeCore:
         self._evictable_total -= size
         if self._spilling and self._spill_fn is not None:
             self._spill(node, parent)
-        self._free_fn(node.value)
         if type(parent) is not RootNode:
             if parent.children or parent.lock_ref:
                 return []

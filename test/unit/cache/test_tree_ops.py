@@ -166,6 +166,25 @@ def test_evict_cascades_to_parents(tree: TenantRadixTree, pool: FakePool, page_s
     assert tree.evict(1) == 0
 
 
+def test_one_eviction_releases_all_its_leaves_in_one_call(pool: FakePool, page_size: int) -> None:
+    calls: list[list[int]] = []
+
+    def free(slots: list[int]) -> None:
+        calls.append(list(slots))
+        pool.free(slots)
+
+    tree = TenantRadixTree(page_size, free)
+    kept, _ = put(tree, pool, seq(page_size, 9))
+    evicted = [put(tree, pool, seq(page_size, 1, p))[0] for p in (2, 3, 4)]
+    tree.match(NS, seq(page_size, 9))  # the newest: left alone
+    calls.clear()  # (put frees the duplicates it was given)
+    assert tree.evict(4 * page_size) == 4 * page_size  # three leaves, then their parent
+    assert len(calls) == 1, "each release runs the allocator's defense layers: one per eviction"
+    assert sorted(calls[0]) == sorted(evicted[0] + [s for slots in evicted[1:] for s in slots[page_size:]])
+    assert tree.match(NS, seq(page_size, 9)).indices == tuple(kept)
+    tree.check_integrity()
+
+
 def test_flush_drops_only_unlocked_entries_of_namespace(tree: TenantRadixTree, pool: FakePool, page_size: int) -> None:
     put(tree, pool, seq(page_size, 1, 2))
     keep, _ = put(tree, pool, seq(page_size, 3))
