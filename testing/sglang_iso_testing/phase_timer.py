@@ -42,8 +42,8 @@ MEASURES_BASELINE = True
 KEY = "phase_timer"
 FROZEN_KEY = "phase_timer_gc_frozen"
 """Also reported: the objects SGLang's post-start freeze moved out of the collector's reach in the scheduler (0: not
-frozen; with ``--skip-server-warmup`` the comparison server's own freeze call mostly fails, so the benchmarks make it,
-:meth:`~sglang_iso_testing.process.ServerProcess.freeze_gc`)."""
+frozen; with ``--skip-server-warmup`` the comparison server's own freeze call races its listening, so the benchmarks
+make it, :meth:`~sglang_iso_testing.process.ServerProcess.freeze_gc`)."""
 STEP = "run_batch"
 """The phase per-step numbers are divided by."""
 

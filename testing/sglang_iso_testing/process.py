@@ -196,11 +196,11 @@ class ServerProcess:
     def freeze_gc(self) -> None:
         """Freeze the collector in every process of a server without the tenant gate, as SGLang does after its warm-up.
 
-        :data:`IDLE_FLAGS` skip the warm-up, and SGLang then posts ``/freeze_gc`` as the server starts listening: the
-        call mostly fails (connection refused), and every process keeps collecting its whole start-up heap (full
-        collections of the HTTP process stall its event loop for most of a second). sglang-iso's gate makes that
-        call once it listens; benchmarks call this on the servers it does not guard, so the comparison server runs
-        as upstream does by default.
+        :data:`IDLE_FLAGS` skip the warm-up, and SGLang then posts ``/freeze_gc`` as the server starts listening:
+        when the call comes first it fails (connection refused), and every process keeps collecting its whole
+        start-up heap (full collections of the HTTP process stall its event loop for most of a second). sglang-iso's
+        gate makes that call once it listens; benchmarks call this on the servers it does not guard, so the
+        comparison server runs as upstream does by default.
         """
         status, body = self.post("/freeze_gc", {})
         if status != 200:
