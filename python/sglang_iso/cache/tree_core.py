@@ -396,10 +396,12 @@ class TreeCore:
                 node = heapq.heappop(heap)[2]
                 if not self._is_evictable(node):
                     continue
+                became_leaves = self._remove_leaf(node)
+                # NOTE: only a detached leaf's slots are freed: a failure before that leaves them with the tree.
                 freed += len(node.value)
                 released.append(slot_view(node.value))
                 slots.extend(node.value)
-                for cand in self._remove_leaf(node):
+                for cand in became_leaves:
                     if self._in_scope(cand, scope):
                         heapq.heappush(heap, (cand.last_access, seq, cand))
                         seq += 1

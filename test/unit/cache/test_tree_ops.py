@@ -6,6 +6,7 @@ import pytest
 from fake_pool import FakePool
 
 from sglang_iso.cache import InsertResult, TenantRadixTree
+from sglang_iso.cache.node import TreeNode
 
 NS = "ns-a"
 
@@ -183,6 +184,29 @@ def test_one_eviction_releases_all_its_leaves_in_one_call(pool: FakePool, page_s
     assert sorted(calls[0]) == sorted(evicted[0] + [s for slots in evicted[1:] for s in slots[page_size:]])
     assert tree.match(NS, seq(page_size, 9)).indices == tuple(kept)
     tree.check_integrity()
+
+
+def test_an_eviction_that_fails_midway_frees_only_the_leaves_it_detached(
+    tree: TenantRadixTree, pool: FakePool, page_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, _ = put(tree, pool, seq(page_size, 1))
+    second, _ = put(tree, pool, seq(page_size, 2))
+    real = tree._remove_leaf
+    calls: list[int] = []
+
+    def remove_then_fail(node: TreeNode) -> list[TreeNode]:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("injected")
+        return real(node)
+
+    monkeypatch.setattr(tree, "_remove_leaf", remove_then_fail)
+    with pytest.raises(RuntimeError, match="injected"):
+        tree.evict(2 * page_size)
+    monkeypatch.undo()
+    assert pool.freed == first  # the detached leaf (the older one) went back to the allocator
+    assert tree.match(NS, seq(page_size, 2)).indices == tuple(second)  # the other stayed, slots and all
+    assert set(second) <= pool.live
 
 
 def test_flush_drops_only_unlocked_entries_of_namespace(tree: TenantRadixTree, pool: FakePool, page_size: int) -> None:
