@@ -37,7 +37,10 @@ share of prompt tokens the prefix cache supplied (from SGLang's prefill-batch lo
 to reuse the same), and the CPU time per request of the HTTP process and the scheduler (``psutil``, the whole
 level; the scheduler's includes its torch threads' spinning, so it follows its busy time); the table prints
 iso/upstream ratios and the spread of the runs, and the median of the runs' paired throughput ratios (each run
-against its pair, seconds apart: what the machine's drift disturbs least). ``--plot`` writes the TTFT
+against its pair, seconds apart: what the machine's drift disturbs least). With ``--repeats`` it also prints each
+round's median pair ratio: the pairs of one round share the two server starts, and a server's speed differs between
+starts (Steps 17-19 in ``benchmark/README.md``), so a round, not a pair, is the independent sample; prefer rounds to
+repeats. ``--plot`` writes the TTFT
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
 
 ``--phases`` loads the test plugin :mod:`sglang_iso_testing.phase_timer` into both servers (the comparison server
@@ -486,7 +489,14 @@ class LevelRun:
     """With ``--phases``: milliseconds per scheduler step (``run_batch``) of each timed phase; else empty."""
 
 
-def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
+def per_start(paired: list[float], repeats: int) -> list[float]:
+    """The median of each round's ``repeats`` consecutive pair ratios (runs are recorded round by round)."""
+    if repeats < 1 or len(paired) % repeats:
+        raise ValueError(f"{len(paired)} pairs are not whole rounds of {repeats}")
+    return [statistics.median(paired[k : k + repeats]) for k in range(0, len(paired), repeats)]
+
+
+def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats: int = 1) -> str:
     rows = [
         "| level | metric | upstream | sglang-iso | iso/upstream | rounds (upstream; iso) |",
         "|---|---|---|---|---|---|",
@@ -527,6 +537,12 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level]) -> str:
             f"| {level.name} | req/s iso/upstream of each pair (median of {len(paired)}) | | | "
             f"{statistics.median(paired):.2f} | {min(paired):.2f}-{max(paired):.2f} |"
         )
+        if repeats > 1:
+            starts = per_start(paired, repeats)
+            rows.append(
+                f"| {level.name} | req/s iso/upstream per server start (median of each round's pairs) | | | "
+                f"{statistics.median(starts):.2f} | {', '.join(f'{x:.2f}' for x in starts)} |"
+            )
         rows += phase_rows(level.name, up.phases, iso.phases)
     return "\n".join(rows)
 
@@ -679,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
                 for server in servers.values():
                     server.stop()
     print(f"\n{args.rounds} rounds of {args.repeats} run(s) per level and server, {time.monotonic() - start:.0f} s\n")
-    print(table(results, levels))
+    print(table(results, levels, args.repeats))
     if args.json:
         pooled = {
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
