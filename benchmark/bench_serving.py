@@ -40,7 +40,9 @@ iso/upstream ratios and the spread of the runs, and the median of the runs' pair
 against its pair, seconds apart: what the machine's drift disturbs least). With ``--repeats`` it also prints each
 round's median pair ratio: the pairs of one round share the two server starts, and a server's speed differs between
 starts (Steps 17-19 in ``benchmark/README.md``), so a round, not a pair, is the independent sample; prefer rounds to
-repeats. ``--plot`` writes the TTFT
+repeats. Per level, and over all levels (each round's geometric mean over its levels), it prints the geometric mean
+of the per-start throughput and P99 TTFT ratios with a 95 % interval (Student's t on their logarithms, one sample per
+round): the range a goal such as "throughput at or above 0.98 of upstream" is read against. ``--plot`` writes the TTFT
 distributions side by side. Progress (per level, with an ETA per server) goes to stdout.
 
 ``--phases`` loads the test plugin :mod:`sglang_iso_testing.phase_timer` into both servers (the comparison server
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shlex
@@ -496,6 +499,49 @@ def per_start(paired: list[float], repeats: int) -> list[float]:
     return [statistics.median(paired[k : k + repeats]) for k in range(0, len(paired), repeats)]
 
 
+def interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of independent ratios and its ``confidence`` interval (Student's t on their logarithms).
+
+    The samples must be independent: one per server start (:func:`per_start`), not one per pair.
+    """
+    if len(ratios) < 2 or min(ratios) <= 0:
+        raise ValueError(f"an interval needs two or more positive ratios, got {ratios}")
+    from scipy import stats
+
+    logs = [math.log(x) for x in ratios]
+    mean = statistics.fmean(logs)
+    half = stats.t.ppf(0.5 + confidence / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def start_ratios(up: list[float], iso: list[float], repeats: int) -> list[float]:
+    """iso/upstream of each server start: the median of its round's paired ratios."""
+    return per_start([i / u for u, i in zip(up, iso, strict=True)], repeats)
+
+
+def interval_text(ratios: list[float]) -> str:
+    if len(ratios) < 2:
+        return "-"
+    mean, lo, hi = interval(ratios)
+    return f"{mean:.3f} ({lo:.3f}-{hi:.3f})"
+
+
+def overall_rows(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats: int) -> list[str]:
+    """Across levels: each round's geometric mean over its levels' per-start ratios, then their interval."""
+    rows = []
+    for label, attr in (("req/s", "throughput"), ("P99 TTFT", "p99s")):
+        per_level = [
+            start_ratios(getattr(results["upstream"][lv], attr), getattr(results["iso"][lv], attr), repeats)
+            for lv in levels
+        ]
+        rounds = [math.exp(statistics.fmean(math.log(x) for x in col)) for col in zip(*per_level, strict=True)]
+        rows.append(
+            f"| all levels | {label} iso/upstream per round, geometric mean over levels (95 % interval over "
+            f"{len(rounds)} rounds) | | | {interval_text(rounds)} | {', '.join(f'{x:.2f}' for x in rounds)} |"
+        )
+    return rows
+
+
 def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats: int = 1) -> str:
     rows = [
         "| level | metric | upstream | sglang-iso | iso/upstream | rounds (upstream; iso) |",
@@ -543,7 +589,15 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats
                 f"| {level.name} | req/s iso/upstream per server start (median of each round's pairs) | | | "
                 f"{statistics.median(starts):.2f} | {', '.join(f'{x:.2f}' for x in starts)} |"
             )
+        for label, u_runs, i_runs in (("req/s", up.throughput, iso.throughput), ("P99 TTFT", up.p99s, iso.p99s)):
+            starts = start_ratios(u_runs, i_runs, repeats)
+            rows.append(
+                f"| {level.name} | {label} iso/upstream per server start, geometric mean (95 % interval) | | | "
+                f"{interval_text(starts)} | {len(starts)} starts |"
+            )
         rows += phase_rows(level.name, up.phases, iso.phases)
+    if len(levels) > 1:
+        rows += overall_rows(results, levels, repeats)
     return "\n".join(rows)
 
 
