@@ -534,7 +534,7 @@ def overall_rows(results: dict[str, dict[Level, Samples]], levels: list[Level], 
             start_ratios(getattr(results["upstream"][lv], attr), getattr(results["iso"][lv], attr), repeats)
             for lv in levels
         ]
-        rounds = [math.exp(statistics.fmean(math.log(x) for x in col)) for col in zip(*per_level, strict=True)]
+        rounds = [statistics.geometric_mean(col) for col in zip(*per_level, strict=True)]
         rows.append(
             f"| all levels | {label} iso/upstream per round, geometric mean over levels (95 % interval over "
             f"{len(rounds)} rounds) | | | {interval_text(rounds)} | {', '.join(f'{x:.2f}' for x in rounds)} |"
@@ -583,14 +583,13 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats
             f"| {level.name} | req/s iso/upstream of each pair (median of {len(paired)}) | | | "
             f"{statistics.median(paired):.2f} | {min(paired):.2f}-{max(paired):.2f} |"
         )
+        throughput_starts = per_start(paired, repeats)
         if repeats > 1:
-            starts = per_start(paired, repeats)
             rows.append(
                 f"| {level.name} | req/s iso/upstream per server start (median of each round's pairs) | | | "
-                f"{statistics.median(starts):.2f} | {', '.join(f'{x:.2f}' for x in starts)} |"
+                f"{statistics.median(throughput_starts):.2f} | {', '.join(f'{x:.2f}' for x in throughput_starts)} |"
             )
-        for label, u_runs, i_runs in (("req/s", up.throughput, iso.throughput), ("P99 TTFT", up.p99s, iso.p99s)):
-            starts = start_ratios(u_runs, i_runs, repeats)
+        for label, starts in (("req/s", throughput_starts), ("P99 TTFT", start_ratios(up.p99s, iso.p99s, repeats))):
             rows.append(
                 f"| {level.name} | {label} iso/upstream per server start, geometric mean (95 % interval) | | | "
                 f"{interval_text(starts)} | {len(starts)} starts |"
