@@ -76,6 +76,7 @@ def test_layers_run_in_declared_order_whatever_the_install_order(page_size: int,
         return sglang_release(*args)
 
     tap._originals[release_name] = sglang
+    tap.rebuild(release_name)
     slots = allocator.alloc(2 * page_size)
     kv.k_buffer[0][slots] = 5.0
     pd.fence("t", slots)
@@ -103,10 +104,13 @@ def test_one_layer_per_order_and_call_below_skips_the_outer_layers() -> None:
         return run
 
     tap.subscribe("work", Order.SCRUB, layer("scrub"))
+    captured = target.work  # (code holding the method from before a later subscription)
     tap.subscribe("work", Order.QUARANTINE, layer("pd"))
     with pytest.raises(ValueError, match="SCRUB is already subscribed"):
         tap.subscribe("work", Order.SCRUB, layer("again"))
     assert target.work(0) == 2 and calls == ["pd", "scrub", "sglang 2"]
+    calls.clear()
+    assert captured(0) == 2 and calls == ["pd", "scrub", "sglang 2"], "a later layer must reach earlier holders"
     calls.clear()
     assert tap.call_below("work", Order.QUARANTINE, 0) == 1 and calls == ["scrub", "sglang 1"]
     assert allocator_tap.tap_of(target) is tap

@@ -200,11 +200,11 @@ def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass
     """The CPU route's rule: a batch whose slots are all its rows' own (or readable: a declared shared prefix) is
     decided from host lists, adopting its new pages; a planted slot hands the batch to ``sanitize_rows``, which
     redirects and counts it."""
-    import sglang_iso_kernels
+    from sglang_iso.integration import owner_check
 
     full_passes = []
-    real = sglang_iso_kernels.sanitize_rows
-    monkeypatch.setattr(sglang_iso_kernels, "sanitize_rows", lambda *a, **k: full_passes.append(1) or real(*a, **k))
+    real = owner_check.sanitize_rows
+    monkeypatch.setattr(owner_check, "sanitize_rows", lambda *a, **k: full_passes.append(1) or real(*a, **k))
     table, cache = _table(shared_reader="ns-a")
     a, b = _two_owners(table)
     table.mark_shared([5], "prompt")
@@ -230,12 +230,12 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
     """After a clean prefill, decode steps are decided from what was verified (neither the host lists route nor
     the full pass reads the windows again); an old column rewritten since, and a page released under a running
     row and adopted by another tenant, are still refused at the next step (the release forgets what was verified)."""
-    import sglang_iso_kernels
+    from sglang_iso.integration import owner_check
 
     calls: list[str] = []
-    for name, module in (("sanitize_rows", sglang_iso_kernels), ("clean_rows_host", sglang_iso_kernels)):
-        real = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+    for name in ("sanitize_rows", "clean_rows_host"):
+        real = getattr(owner_check, name)
+        monkeypatch.setattr(owner_check, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
     table, cache = _table()
     a, b = _two_owners(table)
     rtt = cache.req_to_token_pool.req_to_token
@@ -273,3 +273,28 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
     table.check_batch(decode([8, 7]))
     assert "sanitize_rows" in calls and table.violations == 2 and table.violating_rows == {1}
     assert int(rtt[1, 2]) == table.zero_page * table.page_size and int(table.page_owner[12]) == b
+
+
+def test_a_replaced_row_table_is_read_not_the_views_of_the_old_one() -> None:
+    """The host route keeps numpy views of the row table; should the pool's table object ever be replaced, a
+    decode step reads the new one: a clean step on it passes, and a plant in it is refused."""
+    table, cache = _table()
+    a, b = _two_owners(table)
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :3] = torch.tensor([10, 11, 12])
+    rtt[2, :2] = torch.tensor([20, 21])
+    table.check_batch(_batch([1, 2], [3, 2], [0, 0]))
+    rtt[2, 2] = 22
+    table.check_batch(_decode([2], [3]))
+    assert table.violations == 0 and int(table.page_owner[22]) == b
+    fresh = rtt.clone()
+    fresh[2, 3] = 23
+    cache.req_to_token_pool.req_to_token = fresh
+    table.check_batch(_decode([2], [4]))
+    assert table.violations == 0 and int(table.page_owner[23]) == b  # positive control: the new table, clean
+    fresh[2, 4] = 24
+    fresh[2, 0] = 11  # b's row in the new table now points at a's page
+    table.check_batch(_decode([2], [5]))
+    assert table.violations == 1 and table.violating_rows == {2}
+    assert int(fresh[2, 0]) == table.zero_page * table.page_size and int(rtt[2, 0]) == 20

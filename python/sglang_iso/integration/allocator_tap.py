@@ -52,6 +52,9 @@ class Tap:
         self.target = target
         self._originals: dict[str, Callable[..., Any]] = {}  # attribute name -> the SGLang method
         self._layers: dict[str, list[tuple[Order, Layer]]] = {}  # attribute name -> layers, outermost first
+        self._chains: dict[str, list[Callable[..., Any]]] = {}
+        """Attribute name -> ``chain[i]``: layer ``i`` bound to ``chain[i + 1]``, the last one the SGLang method
+        (built once per subscription, so a call makes no partials of its own)."""
 
     def subscribe(self, method: str, order: Order, layer: Layer) -> None:
         """Put ``layer`` on ``method`` (``RELEASE`` names the allocator's release) at ``order``.
@@ -67,6 +70,7 @@ class Tap:
         layers.sort(key=lambda entry: entry[0])
         if name not in self._originals:
             self._wrap(name)
+        self.rebuild(name)
 
     def call_below(self, method: str, order: Order, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` through the layers below ``order`` only (a subscriber releasing what it held back)."""
@@ -80,22 +84,28 @@ class Tap:
         name = allocator_release_name(self.target) if method == RELEASE else method
         return [o for o, _ in self._layers.get(name, [])]
 
+    def rebuild(self, name: str) -> None:
+        """Bind ``name``'s layers into its call chain again (after its layers or its SGLang method changed)."""
+        below = self._originals[name]
+        chain = [below]
+        for _, layer in reversed(self._layers[name]):
+            below = functools.partial(layer, below)
+            chain.append(below)
+        self._chains[name] = chain[::-1]
+
     def _wrap(self, name: str) -> None:
         original = getattr(self.target, name)
         self._originals[name] = original
+        chains = self._chains
 
         @functools.wraps(original)
         def tapped(*args: Any, **kwargs: Any) -> Any:
-            return self._call(name, 0, *args, **kwargs)
+            return chains[name][0](*args, **kwargs)
 
         setattr(self.target, name, tapped)
 
     def _call(self, name: str, index: int, *args: Any, **kwargs: Any) -> Any:
-        layers = self._layers[name]
-        if index >= len(layers):
-            return self._originals[name](*args, **kwargs)
-        below = functools.partial(self._call, name, index + 1)
-        return layers[index][1](below, *args, **kwargs)
+        return self._chains[name][index](*args, **kwargs)
 
 
 def tap_of(target: Any) -> Tap:

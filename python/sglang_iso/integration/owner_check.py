@@ -51,6 +51,8 @@ import torch
 from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration import allocator_tap, runtime
 from sglang_iso.integration.allocator_tap import Order
+from sglang_iso_kernels import clean_rows_host, sanitize_rows
+from sglang_iso_kernels.verified_rows import VerifiedWindows, clean_decode_verified
 
 if TYPE_CHECKING:
     from sglang_iso.integration.scrub import PoolTensors
@@ -91,6 +93,19 @@ class _Pending(NamedTuple):
     counts: torch.Tensor  # [2, B] int32 host (pinned on CUDA): row ids, refused slots per request (a third row:
     # refused recurrent-state slots, for a hybrid row pool on a device)
     done: Any  # torch.cuda.Event recorded after the copy, or None when already on the host
+
+
+class _HostViews(NamedTuple):
+    """Numpy views of the host route's tables (same memory) and the row table they were made from."""
+
+    table: torch.Tensor
+    req_to_token: np.ndarray
+    row_owner: np.ndarray
+    page_owner: np.ndarray
+
+    @classmethod
+    def of(cls, req_to_token: torch.Tensor, owners: OwnerTable) -> _HostViews:
+        return cls(req_to_token, req_to_token.numpy(), owners.row_owner.numpy(), owners.page_owner.numpy())
 
 
 class OwnerTable:
@@ -152,11 +167,12 @@ class OwnerTable:
             and self.swa is None
             and rows_pool.req_to_token.dtype == torch.int32
         )
-        from sglang_iso_kernels.verified_rows import VerifiedWindows
-
         # NOTE: what the host route verified of each row, so a decode step reads its new column only
         # (sglang_iso_kernels.verified_rows); every page-owner change below but adoption forgets it all.
         self._verified = VerifiedWindows(*rows_pool.req_to_token.shape) if self._host_route else None
+        # NOTE: numpy views of the host route's three tables, made once (they share memory); a decode step reads
+        # them before every forward.
+        self._host_views = _HostViews.of(rows_pool.req_to_token, self) if self._host_route else None
 
     def _reserve_zero_page(self) -> int:
         """Take one page from the allocator for good and zero it; reads of refused slots land here."""
@@ -357,9 +373,6 @@ class OwnerTable:
         declared shared prefix, the zero page) is decided from host lists alone (adopting this step's pages);
         anything else (False) takes the full pass below, which adopts the same pages again as a no-op and counts
         what it refuses. Speculative verify passes always take it."""
-        from sglang_iso_kernels import clean_rows_host
-        from sglang_iso_kernels.verified_rows import clean_decode_verified
-
         mode = forward_batch.forward_mode
         if mode.is_target_verify():
             return False  # (the full pass forgets what was verified of these rows: check_window)
@@ -367,15 +380,17 @@ class OwnerTable:
         row_list = rows.tolist()
         ends = forward_batch.seq_lens.tolist()
         req_to_token = self.cache.req_to_token_pool.req_to_token
+        views = self._host_views
+        if views is None or views.table is not req_to_token:
+            views = self._host_views = _HostViews.of(req_to_token, self)  # (a replaced row table: never in SGLang)
         if mode.is_extend():
             starts = forward_batch.extend_prefix_lens_cpu
             if starts is None or len(starts) != len(ends):
                 return False
         elif mode.is_decode():
             if verified is not None and clean_decode_verified(
-                req_to_token.numpy(), row_list, ends, self.row_owner.numpy(), self.page_owner.numpy(),
-                self.page_size, verified,
-            ):  # fmt: skip
+                views.req_to_token, row_list, ends, views.row_owner, views.page_owner, self.page_size, verified
+            ):
                 return True
             starts = [max(end - 1, 0) for end in ends]
         else:
@@ -385,7 +400,7 @@ class OwnerTable:
             page_size=self.page_size,
         )  # fmt: skip
         if clean and verified is not None:
-            verified.record(req_to_token.numpy(), row_list, ends, self.row_owner.numpy())
+            verified.record(views.req_to_token, row_list, ends, views.row_owner)
         return clean  # (when not clean, the full pass forgets these rows: check_window)
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
@@ -420,8 +435,6 @@ class OwnerTable:
         ``sum(ends)`` on the host; ``draft_step`` counts a speculative step checked before its draft passes;
         ``state_refused`` (``[B]`` int32 on the device) are the batch's refused state slots, read back with the KV
         counts."""
-        from sglang_iso_kernels import sanitize_rows
-
         if rows.numel() == 0:
             return
         if self._verified is not None:
