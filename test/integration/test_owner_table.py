@@ -66,6 +66,19 @@ def _two_owners(table: OwnerTable) -> tuple[int, int]:
     return a, b
 
 
+def _two_rows_prefilled() -> tuple[OwnerTable, SimpleNamespace, int, int]:
+    """A table whose row 1 (owner ``ns-a``) holds slots 10-12 and row 2 (``ns-b``) slots 20-21, prefilled clean;
+    the table, its cache and the two owner slots."""
+    table, cache = _table()
+    a, b = _two_owners(table)
+    rtt = cache.req_to_token_pool.req_to_token
+    table.row_owner[1], table.row_owner[2] = a, b
+    rtt[1, :3] = torch.tensor([10, 11, 12])
+    rtt[2, :2] = torch.tensor([20, 21])
+    table.check_batch(_batch([1, 2], [3, 2], [0, 0]))
+    return table, cache, a, b
+
+
 def _decode(rows: list[int], seq_lens: list[int]) -> SimpleNamespace:
     """A decode batch (each row writes its last column)."""
     return SimpleNamespace(
@@ -236,13 +249,8 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
     for name in ("sanitize_rows", "clean_rows_host"):
         real = getattr(owner_check, name)
         monkeypatch.setattr(owner_check, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
-    table, cache = _table()
-    a, b = _two_owners(table)
+    table, cache, a, b = _two_rows_prefilled()
     rtt = cache.req_to_token_pool.req_to_token
-    table.row_owner[1], table.row_owner[2] = a, b
-    rtt[1, :3] = torch.tensor([10, 11, 12])
-    rtt[2, :2] = torch.tensor([20, 21])
-    table.check_batch(_batch([1, 2], [3, 2], [0, 0]))
     assert calls == ["clean_rows_host"] and table.violations == 0
 
     def decode(ends: list[int]) -> SimpleNamespace:
@@ -278,13 +286,8 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
 def test_a_replaced_row_table_is_read_not_the_views_of_the_old_one() -> None:
     """The host route keeps numpy views of the row table; should the pool's table object ever be replaced, a
     decode step reads the new one: a clean step on it passes, and a plant in it is refused."""
-    table, cache = _table()
-    a, b = _two_owners(table)
+    table, cache, _, b = _two_rows_prefilled()
     rtt = cache.req_to_token_pool.req_to_token
-    table.row_owner[1], table.row_owner[2] = a, b
-    rtt[1, :3] = torch.tensor([10, 11, 12])
-    rtt[2, :2] = torch.tensor([20, 21])
-    table.check_batch(_batch([1, 2], [3, 2], [0, 0]))
     rtt[2, 2] = 22
     table.check_batch(_decode([2], [3]))
     assert table.violations == 0 and int(table.page_owner[22]) == b
