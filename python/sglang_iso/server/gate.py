@@ -42,6 +42,8 @@ import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
+import orjson
+
 from sglang_iso import observability
 from sglang_iso.server import adapters, pd_rules, rate_limits, request_rules
 from sglang_iso.server.admission import RETRY_AFTER_S, Admission
@@ -249,11 +251,11 @@ class TenantGate:
         if body is None:
             return
         try:
-            obj = json.loads(body)
+            obj = orjson.loads(body)  # (SGLang's parser, as in request_rules.check_body)
         except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict) and pd_rules.router_rid_header(obj, headers.get(pd_rules.REQUEST_ID_HEADER)):
-            body = json.dumps(obj).encode()  # NOTE: a chat body lost its id in sglang-router; the header kept it
+            body = orjson.dumps(obj)  # NOTE: a chat body lost its id in sglang-router; the header kept it
         found = pd_rules.router_tenant(obj) if isinstance(obj, dict) else pd_rules.PdRefusal("rid", "missing")
         principal = self.keys.tenant(found) if isinstance(found, str) else None
         if principal is None:
@@ -544,7 +546,7 @@ class _Meter:
 
     def _parse(self, data: bytes) -> None:
         with contextlib.suppress(ValueError, RecursionError):
-            self.payloads.append(json.loads(data))
+            self.payloads.append(orjson.loads(data))
 
     def settle(self) -> None:
         if self.settled or self.reserved == 0:

@@ -161,7 +161,8 @@ def parse_bearer(header: str | None) -> str | None:
 
 def _is_token(value: str) -> bool:
     """Every char is printable ASCII other than space (0x21-0x7e); true for "" (callers check emptiness)."""
-    return all("\x21" <= char <= "\x7e" for char in value)
+    # NOTE: in C: printable ASCII is 0x20-0x7e, less the space; this runs twice on every request.
+    return value.isascii() and value.isprintable() and " " not in value
 
 
 def _digest(key: str) -> str:

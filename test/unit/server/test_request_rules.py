@@ -154,3 +154,38 @@ def test_checked_body_hands_back_the_object_it_forwards() -> None:
     assert json.loads(out.body) == out.obj and out.obj["rid"] == "acme.job1"  # the object is the forwarded one
     empty = check_body(b"  ", "acme", LIMITS)
     assert not isinstance(empty, Refusal) and empty.obj is None and empty.body == b"  "
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"text": "x\\ud800y"}',  # a lone surrogate: stdlib json builds a str, SGLang's parser refuses it
+        b'\xef\xbb\xbf{"text": "x"}',  # a UTF-8 byte order mark
+        b'{"text": "x", "temperature": NaN}',
+        b'{"text": "x"} {"text": "y"}',
+    ],
+)
+def test_a_body_sglangs_parser_refuses_is_refused_here_not_forwarded(raw: bytes) -> None:
+    """The rules judge the object SGLang's own parser (orjson, its ``ORJSONRequest``) builds: a body only the
+    standard library would read is a 400 here, never forwarded for SGLang to read otherwise; the same prompt in
+    plain JSON passes."""
+    import orjson
+
+    out = check_body(raw, "acme", LIMITS)
+    assert isinstance(out, Refusal) and (out.status, out.code) == (400, "invalid_json"), out
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(raw)
+    clean = check_body(b'{"text": "xy", "temperature": 0.5}', "acme", LIMITS)
+    assert isinstance(clean, Checked) and clean.obj == orjson.loads(clean.body)
+
+
+def test_a_huge_integer_is_judged_as_the_float_sglang_reads() -> None:
+    """orjson reads an integer past 64 bits as a float, as SGLang will: a token id that large is refused as not an
+    integer, a budget that large as out of range; the same fields with small values pass."""
+    huge = "1" + "0" * 30
+    ids = check_body(f'{{"input_ids": [5, {huge}]}}'.encode(), "acme", LIMITS)
+    assert isinstance(ids, Refusal) and ids.field == "input_ids", ids
+    budget = check_body(f'{{"text": "x", "sampling_params": {{"max_new_tokens": {huge}}}}}'.encode(), "acme", LIMITS)
+    assert isinstance(budget, Refusal) and budget.field == "sampling_params.max_new_tokens", budget
+    fine = check_body(b'{"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 8}}', "acme", LIMITS)
+    assert isinstance(fine, Checked)
