@@ -30,6 +30,10 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
+_NO_BAD_ID = object()
+"""The id search's answer when every id is good (None cannot be: a prompt may hold None itself)."""
+
+
 def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
     """Why ``input_ids`` cannot be run, or None. Never raises."""
     if input_ids is None:
@@ -41,8 +45,8 @@ def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
     if not ids:
         return "the prompt is empty"
     if vocab_size is not None:
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
-        if bad is not None:
+        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), _NO_BAD_ID)
+        if bad is not _NO_BAD_ID:
             return f"token id {bad!r} is outside the vocabulary [0, {vocab_size})"
     return None
 
