@@ -155,6 +155,13 @@ def test_parse_bearer_never_returns_whitespace_or_empty(header: str) -> None:
     assert token is None or (token and token == token.strip() and not any(c.isspace() for c in token))
 
 
+@given(st.text(max_size=40) | st.text(st.characters(max_codepoint=0x2FF), max_size=40))
+def test_a_key_character_is_exactly_printable_ascii_other_than_space(value: str) -> None:
+    """The key-character check (in C) admits exactly 0x21-0x7e, char by char; a real key passes."""
+    assert keys_module._is_token(value) == all("\x21" <= c <= "\x7e" for c in value), ascii(value)
+    assert keys_module._is_token(ACME_KEY) and not keys_module._is_token(ACME_KEY + "\x7f")
+
+
 def test_bearer_to_principal(index: KeyIndex) -> None:
     token = keys_module.parse_bearer(f"bearer  {ACME_KEY} ")
     assert token is not None
