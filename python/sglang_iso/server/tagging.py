@@ -19,6 +19,9 @@ from sglang_iso.tenancy.config import TenantsConfig
 _GROUP_KEY_DOMAIN = b"sglang-iso/group-namespace-key/v1"
 _TAG_CACHE_SIZE = 4096
 """Tags remembered per tagger (tenant, salt, adapter): a reload makes a new tagger, so none outlives its config."""
+_TAG_CACHE_MAX_SALT = 256
+"""Characters of a ``cache_salt`` still remembered: a longer one (the client's choice) is computed each time, so the
+memory holds at most ``_TAG_CACHE_SIZE`` short keys, not megabytes of salts."""
 
 
 def fingerprint_dir(path: str | None, *names: str) -> str:
@@ -64,6 +67,8 @@ class NamespaceTagger:
         ``adapter`` and ``adapter_version`` (the content hash of its files) name the
         request's LoRA adapter; None for the base model.
         """
+        if cache_salt is not None and len(cache_salt) > _TAG_CACHE_MAX_SALT:
+            return self._compute(tenant_id, cache_salt, adapter, adapter_version)
         return self._tag(tenant_id, cache_salt, adapter, adapter_version)
 
     def _compute(

@@ -29,14 +29,19 @@ def test_a_remembered_tag_is_the_computed_one_and_tenants_salts_and_adapters_sta
 
 
 def test_memory_is_bounded_and_a_new_tagger_does_not_inherit_it(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A client picks its salt freely: the memory never holds more than its bound. A reload builds a new tagger
-    (a new secret here), whose tags are its own, not the old tagger's remembered ones."""
+    """A client picks its salt freely: the memory never holds more than its bound, nor any long salt (computed each
+    time, with the same tag). A reload builds a new tagger (a new secret here), whose tags are its own, not the old
+    tagger's remembered ones."""
     monkeypatch.setattr(tagging, "_TAG_CACHE_SIZE", 8)
     secret = secrets.token_bytes(32)
     old = tagger(secret)
     for i in range(50):
         old.tag("a", cache_salt=f"salt{i}", adapter=None)
     assert old._tag.cache_info().currsize == 8
+    long_salt = "x" * (tagging._TAG_CACHE_MAX_SALT + 1)
+    lookups = old._tag.cache_info().hits + old._tag.cache_info().misses
+    assert old.tag("a", cache_salt=long_salt, adapter=None) == old._compute("a", long_salt, None, None)
+    assert old._tag.cache_info().hits + old._tag.cache_info().misses == lookups  # a long salt never enters it
     before = old.tag("a", cache_salt=None, adapter=None)
     assert old.tag("a", cache_salt=None, adapter=None) == before == tagger(secret)._compute("a", None, None, None)
     assert tagger(secrets.token_bytes(32)).tag("a", cache_salt=None, adapter=None) != before
