@@ -37,6 +37,7 @@ from typing import Any
 from sglang_iso import envvars, settings
 from sglang_iso.integration.front import request_tags, state
 from sglang_iso.integration.front.state import FrontState
+from sglang_iso.models import tiny_model_path
 from sglang_iso.server.admission import Admission
 from sglang_iso.server.gate import STATE_TENANT, ReloadableKeys, TenantGate
 from sglang_iso.server.rate_limits import RateLimiter, RateLimits
@@ -45,7 +46,8 @@ from sglang_iso.tenancy.config import load_tenants_file
 from sglang_iso.tenancy.keys import KeyIndex, new_api_key
 from sglang_iso_testing.tenants import write_tenants_file
 
-VOCAB, CONTEXT = 2048, 8192  # the tiny model's
+_MODEL_CONFIG = json.loads((tiny_model_path() / "config.json").read_text())
+VOCAB, CONTEXT = int(_MODEL_CONFIG["vocab_size"]), int(_MODEL_CONFIG["max_position_embeddings"])  # the tiny model's
 TENANT = "solo"
 ROOMY = {"max_concurrent_requests": 64, "kv_share": 1.0}  # bench_serving.py's tenant
 
