@@ -25,15 +25,24 @@ Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults)
 off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both), ``no-tenants`` (no tenants file: no gate and no
 keys, every request in one open namespace; the tree, scrub and owner check as in ``iso``). ``--concurrency N`` sends
 each block from N clients at once (the block is then N times ``--block`` requests); ``--text`` sends the prompts as
-text; ``--decode-steps`` starts every server with ``--decode-log-interval 1`` and prints, per variant, the median
-time of the decode steps with N running (from each block's log lines, a step after a prefill left out) and its
-paired ratio. Progress (rounds, ETA) goes to stdout.
+text; ``--no-stream`` asks for one response per request instead of a stream of events (the HTTP process then idles
+while the request decodes); ``--decode-steps`` starts every server with ``--decode-log-interval 1`` and prints, per
+variant, the median time of the decode steps with N running (from each block's log lines, a step after a prefill left
+out) and its paired ratio. Progress (rounds, ETA) goes to stdout.
+
+``--starts N`` repeats the whole run N times, every server started afresh each time: a server's speed differs between
+its starts by more than the pairing removes within one (``bench_serving.py``'s Steps 17-25), so one start measures
+its own servers, not the code. Per start it prints each variant's median paired ratio; over the starts, the geometric
+mean of those ratios with a 95 % interval (Student's t on their logarithms, one sample per start, as
+``bench_serving.py`` reads its per-start ratios) and the throughput it means at concurrency 1 (upstream's time over
+the variant's).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import statistics
@@ -42,10 +51,13 @@ import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_serving import interval
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import new_api_key
+from sglang_iso_testing import phase_timer
 from sglang_iso_testing.process import (
     CPU_ROLES,
     ServerProcess,
@@ -70,6 +82,34 @@ PROMPT_TOKENS, OUTPUT_TOKENS, WARMUP = 512, 16, 5
 PREFIXES, PREFIX_TOKENS, QUESTION_TOKENS = 8, 768, 96
 """The ``shared`` workload: as ``bench_serving.py``'s generated-shared-prefix level."""
 UPSTREAM = "upstream"
+PHASES_SHOWN = (
+    "run_batch",
+    "model_runner._forward_raw",
+    "get_next_batch_to_run",
+    "process_batch_result",
+    "owner_check",
+)
+"""The phases ``--phases`` prints per start (milliseconds per scheduler step, and each one's ratio to upstream's)."""
+
+
+@dataclass
+class Rounds:
+    """One start's measurements, per server (lists hold one value per round)."""
+
+    times: dict[str, list[float]] = field(default_factory=dict)
+    """Mean ms per request of each round's block."""
+    ttfts: dict[str, list[float]] = field(default_factory=dict)
+    """Mean ms to the first streamed event of each round's block (the whole request when not streamed)."""
+    cpu: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """CPU ms per request of each round's block, by process (``CPU_ROLES``)."""
+    steps: dict[str, list[float]] = field(default_factory=dict)
+    """Median decode-step ms of each round's block (``--decode-steps`` only)."""
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Ms per scheduler step of each timed phase over all rounds (``--phases`` only)."""
+
+    def after_first(self) -> dict[str, list[float]]:
+        """Mean ms per request after its first streamed event, per round (the decode steps' share)."""
+        return {n: [t - f for t, f in zip(self.times[n], self.ttfts[n], strict=True)] for n in self.times}
 
 
 def main() -> None:
@@ -88,25 +128,31 @@ def main() -> None:
         action="store_true",
         help="servers log every decode step (--decode-log-interval 1); print each variant's decode step time",
     )
+    parser.add_argument(
+        "--no-stream", action="store_true", help="one response per request (no server-sent events while it decodes)"
+    )
+    parser.add_argument(
+        "--phases", action="store_true", help="load the phase timer into every server; print its phases per start"
+    )
+    parser.add_argument("--starts", type=int, default=1, help="whole runs, every server started afresh for each")
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
-    key = new_api_key()
-    with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
-        tenants = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key}).path
-        servers = start_servers(variants, tenants, STEP_LOG if args.decode_steps else ())
-        try:
-            rng = random.Random(args.seed)
-            ids = _random_prompt if args.workload == "random" else _shared_prompt(rng)
-            prompt: Callable[[random.Random], list[int] | str] = _as_text(ids) if args.text else ids
-            block = args.block * args.concurrency
-            times, cpu, steps = run_rounds(servers, key, args.rounds, block, rng, prompt, args.concurrency)
-        finally:
-            for server in servers.values():
-                server.stop()
+    rng = random.Random(args.seed)
+    ids = _random_prompt if args.workload == "random" else _shared_prompt(rng)
+    prompt: Callable[[random.Random], list[int] | str] = _as_text(ids) if args.text else ids
+    block = args.block * args.concurrency
+    runs: list[Rounds] = []
+    for start in range(args.starts):
+        runs.append(run_start(variants, args, rng, prompt, block))
+        if args.starts > 1 or args.phases:
+            print(start_line(start, args.starts, runs[-1]), flush=True)
+    times = {name: [t for run in runs for t in run.times[name]] for name in runs[0].times}
+    cpu = {name: [c for run in runs for c in run.cpu[name]] for name in runs[0].cpu}
+    steps = {name: [x for run in runs for x in run.steps[name]] for name in runs[0].steps}
     summary = summarize(times)
     for name, row in summary.items():
         print(
@@ -120,6 +166,23 @@ def main() -> None:
             f"  {label:24s} median {row['median_ms']:6.2f}  paired ratio {row['ratio']:.3f} "
             f"(rounds {row['ratio_min']:.3f}-{row['ratio_max']:.3f})"
         )
+    starts = {}
+    if len(runs) > 1:
+        measures = {"request": [r.times for r in runs], "to the first event": [r.ttfts for r in runs]}
+        if not args.no_stream:
+            measures["after the first event"] = [r.after_first() for r in runs]
+        print(f"Over {len(runs)} starts (per start: the median paired ratio; geometric mean, 95 % interval):")
+        for label, per_start in measures.items():
+            starts[label] = over_starts(per_start)
+            for name, (mean, low, high) in starts[label].items():
+                print(f"  {label:22s} {name:10s} time ratio {mean:.3f} ({low:.3f}-{high:.3f})", end="")
+                print(f"; throughput {1 / mean:.3f} ({1 / high:.3f}-{1 / low:.3f})" if label == "request" else "")
+        if args.phases:
+            for phase in PHASES_SHOWN[:2]:
+                for name in (n for n in runs[0].phases if n != UPSTREAM):
+                    ratios = [r.phases[name][phase] / r.phases[UPSTREAM][phase] for r in runs]
+                    mean, low, high = interval(ratios)
+                    print(f"  {phase:22s} {name:10s} ms per step ratio {mean:.3f} ({low:.3f}-{high:.3f})")
     step_summary = summarize(steps) if args.decode_steps and all(steps.values()) else {}
     if step_summary:
         print(f"Decode step with {args.concurrency} running (ms; median of each block's steps):")
@@ -132,23 +195,51 @@ def main() -> None:
         out = {
             "workload": args.workload, "block": args.block, "times_ms": times, "summary": summary,
             "cpu_ms": cpu, "cpu_summary": cpu_summary, "decode_step_ms": steps, "decode_step_summary": step_summary,
+            "by_start": [vars(run) for run in runs], "over_starts": starts,
         }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1))
 
 
-def start_servers(variants: list[str], tenants: Path, extra: tuple[str, ...] = ()) -> dict[str, ServerProcess]:
-    """Upstream first, then each variant (all with the SGLang flags ``extra``); all kept running (idle ones
-    sleep)."""
+def run_start(
+    variants: list[str],
+    args: argparse.Namespace,
+    rng: random.Random,
+    prompt: Callable[[random.Random], list[int] | str],
+    block: int,
+) -> Rounds:
+    """Start every server, run the rounds (:func:`run_rounds`), stop them."""
+    key = new_api_key()
+    with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
+        made = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key})
+        env = phase_timer.plugin_env() if args.phases else None
+        servers = start_servers(variants, made.path, STEP_LOG if args.decode_steps else (), env)
+        admin = {"Authorization": f"Bearer {made.keys['admin']}"}
+        totals = {n: (lambda server=s, n=n: phase_totals(server, {} if n == UPSTREAM or n in KEYLESS else admin))
+                  for n, s in servers.items()} if args.phases else {}  # fmt: skip
+        try:
+            return run_rounds(
+                servers, key, args.rounds, block, rng, prompt, args.concurrency, not args.no_stream, totals
+            )
+        finally:
+            for server in servers.values():
+                server.stop()
+
+
+def start_servers(
+    variants: list[str], tenants: Path, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, ServerProcess]:
+    """Upstream first, then each variant (all with the SGLang flags ``extra`` and the environment ``env``); all kept
+    running (idle ones sleep)."""
     servers: dict[str, ServerProcess] = {}
     try:
         port = free_port()
-        servers[UPSTREAM] = ServerProcess(baseline_server_argv(port, tiny_model_path(), *SIZES, *extra), port)
+        servers[UPSTREAM] = ServerProcess(baseline_server_argv(port, tiny_model_path(), *SIZES, *extra), port, env=env)
         servers[UPSTREAM].start(timeout_s=300).freeze_gc()
         for name in variants:
             port = free_port()
             tenancy = () if name in KEYLESS else ("--tenants-file", str(tenants))
             argv = iso_server_argv(port, tiny_model_path(), *SIZES, *extra, *tenancy, *VARIANTS[name])
-            servers[name] = ServerProcess(argv, port).start(timeout_s=300)
+            servers[name] = ServerProcess(argv, port, env=env).start(timeout_s=300)
             if name in KEYLESS:
                 servers[name].freeze_gc()  # NOTE: without a tenants file no gate makes the call
             print(f"started {name}", flush=True)
@@ -167,28 +258,34 @@ def run_rounds(
     rng: random.Random,
     prompt: Callable[[random.Random], list[int] | str],
     concurrency: int = 1,
-) -> tuple[dict[str, list[float]], dict[str, list[dict[str, float]]], dict[str, list[float]]]:
-    """Per server, the mean time of one request in each round's block (ms: the block's time over its requests),
-    its processes' CPU per request in each block (ms, by ``CPU_ROLES``), and the median decode step with
-    ``concurrency`` running in each block (ms, from its log; none unless it logs every decode step). ``concurrency``
-    clients share a block."""
+    stream: bool = True,
+    totals: dict[str, Callable[[], dict[str, list[float]]]] | None = None,
+) -> Rounds:
+    """Per server (:class:`Rounds`): the mean time of one request in each round's block (ms: the block's time over
+    its requests) and to its first streamed event, its processes' CPU per request in each block (ms, by
+    ``CPU_ROLES``), the median decode step with ``concurrency`` running in each block (ms, from its log; none unless it
+    logs every decode step), and with ``totals`` (each server's phase-timer reader) its phases per step over all
+    rounds. ``concurrency`` clients share a block."""
     names = list(servers)
     keys = {name: None if name == UPSTREAM or name in KEYLESS else key for name in names}
     for name in names:
         for _ in range(WARMUP):
-            _request(servers[name], keys[name], prompt(rng))
+            _request(servers[name], keys[name], prompt(rng), stream)
     pool = ThreadPoolExecutor(max_workers=concurrency)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    steps: dict[str, list[float]] = {name: [] for name in names}
+    out = Rounds(*({name: [] for name in names} for _ in range(4)))  # type: ignore[arg-type]
+    times, ttfts, cpu, steps = out.times, out.ttfts, out.cpu, out.steps
+    before_phases = {name: read() for name, read in (totals or {}).items()}
     progress = Progress("parts", rounds, unit="rounds", every_s=0)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             before, seen = servers[name].cpu_seconds(), len(servers[name].log_text())
             started = time.perf_counter()
             prompts = [prompt(rng) for _ in range(block)]
-            list(pool.map(lambda p, server=servers[name], k=keys[name]: _request(server, k, p), prompts))
+            firsts = list(
+                pool.map(lambda p, server=servers[name], k=keys[name]: _request(server, k, p, stream), prompts)
+            )
             times[name].append((time.perf_counter() - started) / block * 1000)
+            ttfts[name].append(statistics.fmean(firsts) * 1000)
             after = servers[name].cpu_seconds()
             cpu[name].append({role: (after[role] - before.get(role, 0.0)) / block * 1000 for role in after})
             step = decode_steps_ms(servers[name].log_text()[seen:], concurrency)
@@ -196,7 +293,33 @@ def run_rounds(
                 steps[name].append(statistics.median(step))
         progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
     pool.shutdown()
-    return times, cpu, steps
+    for name, read in (totals or {}).items():
+        out.phases[name] = {phase: ms for phase, (ms, _) in phase_timer.per_step(before_phases[name], read()).items()}
+    return out
+
+
+def phase_totals(server: ServerProcess, headers: dict[str, str]) -> dict[str, list[float]]:
+    """The phase timer's totals in ``server``'s (first) scheduler."""
+    status, info = server.get_with("/get_server_info", headers)
+    if status != 200:
+        raise RuntimeError(f"/get_server_info answered {status}: {str(info)[:200]}")
+    totals: dict[str, list[float]] = info["internal_states"][0][phase_timer.KEY]
+    return totals
+
+
+def start_line(start: int, starts: int, run: Rounds) -> str:
+    """One start's median paired ratios (request, first event, phases per step) per variant."""
+    rows = []
+    for name, row in summarize(run.times).items():
+        if name == UPSTREAM:
+            continue
+        first = summarize(run.ttfts)[name]["ratio"]
+        shown = [f"{name} {row['ratio']:.3f} (first event {first:.3f})"]
+        for phase in PHASES_SHOWN if run.phases else ():
+            up, it = run.phases[UPSTREAM].get(phase, 0.0), run.phases[name].get(phase, 0.0)
+            shown.append(f"{phase} {it:.3f}" + (f"/{up:.3f}" if up else ""))
+        rows.append(" ".join(shown))
+    return f"start {start + 1}/{starts}: " + "; ".join(rows)
 
 
 STEP_LOG = ("--decode-log-interval", "1")
@@ -228,18 +351,27 @@ def cpu_of(cpu: dict[str, list[dict[str, float]]], role: str) -> dict[str, list[
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    """Per server: median block time, and the median and range of its ratio to upstream's in the same round."""
+    """Per server: median block time, and the median and range of its ratio to upstream's in the same round (rounds
+    where upstream's value is 0 left out: a block's CPU time can be under the clock's tick; NaN when none is left)."""
     base = times[UPSTREAM]
     out = {}
     for name, values in times.items():
-        ratios = [value / ref for value, ref in zip(values, base, strict=True)]
+        ratios = [value / ref for value, ref in zip(values, base, strict=True) if ref > 0]
         out[name] = {
             "median_ms": statistics.median(values),
-            "ratio": statistics.median(ratios),
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
+            "ratio": statistics.median(ratios) if ratios else math.nan,
+            "ratio_min": min(ratios, default=math.nan),
+            "ratio_max": max(ratios, default=math.nan),
         }
     return out
+
+
+def over_starts(runs: list[dict[str, list[float]]]) -> dict[str, tuple[float, float, float]]:
+    """Per variant (upstream left out): the geometric mean of each start's median paired ratio to upstream, with its
+    95 % interval (one sample per start; two starts or more)."""
+    per_start = [summarize(times) for times in runs]
+    names = [name for name in runs[0] if name != UPSTREAM]
+    return {name: interval([start[name]["ratio"] for start in per_start]) for name in names}
 
 
 def _random_prompt(rng: random.Random) -> list[int]:
@@ -273,19 +405,25 @@ def _as_text(prompt: Callable[[random.Random], list[int]]) -> Callable[[random.R
     return text
 
 
-def _request(server: ServerProcess, key: str | None, prompt: list[int] | str) -> None:
-    """One streamed /generate of ``prompt`` (token ids or text), read to the end."""
+def _request(server: ServerProcess, key: str | None, prompt: list[int] | str, stream: bool = True) -> float:
+    """One /generate of ``prompt`` (token ids or text), streamed or not, read to the end; the seconds to its first
+    streamed event (to the end when not streamed)."""
     body = {
         "text" if isinstance(prompt, str) else "input_ids": prompt,
         "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True},
-        "stream": True,
+        "stream": stream,
     }
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     request = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(), headers)
+    sent = time.perf_counter()
+    first = None
     with urllib.request.urlopen(request, timeout=120) as response:
-        response.read()
+        for line in response:
+            if first is None and line.startswith(b"data:"):
+                first = time.perf_counter()
+    return (first if first is not None else time.perf_counter()) - sent
 
 
 if __name__ == "__main__":

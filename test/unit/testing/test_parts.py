@@ -1,0 +1,72 @@
+"""benchmark/parts.py pairs each variant with upstream round by round, and reads a ratio per server start."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def load() -> ModuleType:
+    # NOTE: run as a script, parts.py finds bench_serving.py beside it; here its folder goes on the path the same way.
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    spec = importlib.util.spec_from_file_location("parts", ROOT / "benchmark" / "parts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["parts"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_round_is_compared_with_upstreams_same_round() -> None:
+    parts = load()
+    times = {"upstream": [10.0, 20.0, 40.0], "iso": [11.0, 21.0, 44.0]}
+    row = parts.summarize(times)["iso"]
+    paired = [i / u for u, i in zip(times["upstream"], times["iso"], strict=True)]
+    assert row["ratio"] == pytest.approx(statistics.median(paired))
+    assert (row["ratio_min"], row["ratio_max"]) == pytest.approx((min(paired), max(paired)))
+    assert parts.summarize(times)["upstream"]["ratio"] == 1.0  # (upstream against itself: the control)
+
+
+def test_each_start_is_one_sample_of_the_interval() -> None:
+    parts = load()
+    starts = [
+        {"upstream": [10.0, 10.0, 10.0], "iso": [10.5, 10.4, 10.6], "both-off": [10.1, 10.0, 10.2]},
+        {"upstream": [12.0, 12.0, 12.0], "iso": [12.9, 12.6, 12.8], "both-off": [12.1, 12.2, 12.0]},
+        {"upstream": [9.0, 9.0, 9.0], "iso": [9.3, 9.5, 9.4], "both-off": [9.0, 9.1, 9.1]},
+    ]
+    got = parts.over_starts(starts)
+    assert set(got) == {"iso", "both-off"}
+    medians = [parts.summarize(s)["iso"]["ratio"] for s in starts]
+    mean, low, high = got["iso"]
+    assert mean == pytest.approx(math.exp(statistics.fmean(math.log(m) for m in medians)))
+    assert low < mean < high
+    assert got["both-off"][0] < mean  # the variant with the parts off reads nearer upstream
+
+
+def test_one_start_gives_no_interval() -> None:
+    parts = load()
+    with pytest.raises(ValueError):
+        parts.over_starts([{"upstream": [10.0], "iso": [11.0]}])
+
+
+def test_the_time_after_the_first_event_is_the_request_less_its_first_event() -> None:
+    parts = load()
+    run = parts.Rounds(times={"upstream": [100.0, 90.0], "iso": [104.0, 95.0]},
+                       ttfts={"upstream": [40.0, 38.0], "iso": [40.0, 37.0]})  # fmt: skip
+    assert run.after_first() == {"upstream": [60.0, 52.0], "iso": [64.0, 58.0]}
+
+
+def test_a_round_upstream_spent_no_measurable_time_in_is_left_out() -> None:
+    """A block's CPU time can be under the clock's tick (0): that round has no ratio; the others keep theirs."""
+    parts = load()
+    row = parts.summarize({"upstream": [0.0, 10.0], "iso": [10.0, 12.0]})["iso"]
+    assert row["ratio"] == pytest.approx(12.0 / 10.0)
+    assert math.isnan(parts.summarize({"upstream": [0.0], "iso": [10.0]})["iso"]["ratio"])
