@@ -25,28 +25,37 @@ Variants (``--variants``; each the sglang-iso flags it adds): ``iso`` (defaults)
 off``), ``scrub-off`` (``--kv-scrub off``), ``both-off`` (both), ``no-tenants`` (no tenants file: no gate and no
 keys, every request in one open namespace; the tree, scrub and owner check as in ``iso``). ``--concurrency N`` sends
 each block from N clients at once (the block is then N times ``--block`` requests); ``--text`` sends the prompts as
-text; ``--no-stream`` asks for one response per request instead of a stream of events (the HTTP process then idles
-while the request decodes); ``--decode-steps`` starts every server with ``--decode-log-interval 1`` and prints, per
-variant, the median time of the decode steps with N running (from each block's log lines, a step after a prefill left
-out) and its paired ratio. Progress (rounds, ETA) goes to stdout.
+text; ``--temperature T`` sends that sampling temperature (default: none, the server's; ``sglang.bench_serving`` sends
+0, greedy); ``--keep-alive`` sends each client's requests to a server on one open connection (as
+``sglang.bench_serving``'s client session does; by default each request opens its own); ``--no-stream`` asks for one
+response per request instead of a stream of events (the HTTP process then idles while the request decodes);
+``--decode-steps`` starts every server with ``--decode-log-interval 1`` and prints, per variant, the median time of the
+decode steps with N running (from each block's log lines, a step after a prefill left out) and its paired ratio.
+Progress (rounds, ETA) goes to stdout.
 
 ``--starts N`` repeats the whole run N times, every server started afresh each time: a server's speed differs between
 its starts by more than the pairing removes within one (``bench_serving.py``'s Steps 17-25), so one start measures
 its own servers, not the code. Per start it prints each variant's median paired ratio; over the starts, the geometric
 mean of those ratios with a 95 % interval (Student's t on their logarithms, one sample per start, as
 ``bench_serving.py`` reads its per-start ratios) and the throughput it means at concurrency 1 (upstream's time over
-the variant's).
+the variant's), for the whole request, to its first streamed event and after it (the decode steps' share); with
+``--phases`` (the test plugin :mod:`sglang_iso_testing.phase_timer` in every server, upstream included) also each
+start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts, the paired ratio of
+the step and of the model forward alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import http.client
 import json
 import math
 import random
 import re
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -130,6 +139,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--no-stream", action="store_true", help="one response per request (no server-sent events while it decodes)"
+    )
+    parser.add_argument(
+        "--temperature", type=float, help="sampling temperature (default: the server's; sglang.bench_serving sends 0)"
+    )
+    parser.add_argument(
+        "--keep-alive", action="store_true", help="each client keeps one open connection per server (as bench_serving)"
     )
     parser.add_argument(
         "--phases", action="store_true", help="load the phase timer into every server; print its phases per start"
@@ -218,8 +233,9 @@ def run_start(
                   for n, s in servers.items()} if args.phases else {}  # fmt: skip
         try:
             return run_rounds(
-                servers, key, args.rounds, block, rng, prompt, args.concurrency, not args.no_stream, totals
-            )
+                servers, key, args.rounds, block, rng, prompt, args.concurrency, not args.no_stream, totals,
+                args.temperature, args.keep_alive,
+            )  # fmt: skip
         finally:
             for server in servers.values():
                 server.stop()
@@ -260,6 +276,8 @@ def run_rounds(
     concurrency: int = 1,
     stream: bool = True,
     totals: dict[str, Callable[[], dict[str, list[float]]]] | None = None,
+    temperature: float | None = None,
+    keep_alive: bool = False,
 ) -> Rounds:
     """Per server (:class:`Rounds`): the mean time of one request in each round's block (ms: the block's time over
     its requests) and to its first streamed event, its processes' CPU per request in each block (ms, by
@@ -270,7 +288,7 @@ def run_rounds(
     keys = {name: None if name == UPSTREAM or name in KEYLESS else key for name in names}
     for name in names:
         for _ in range(WARMUP):
-            _request(servers[name], keys[name], prompt(rng), stream)
+            _request(servers[name], keys[name], prompt(rng), stream, temperature, keep_alive)
     pool = ThreadPoolExecutor(max_workers=concurrency)
     out = Rounds(*({name: [] for name in names} for _ in range(4)))  # type: ignore[arg-type]
     times, ttfts, cpu, steps = out.times, out.ttfts, out.cpu, out.steps
@@ -281,9 +299,10 @@ def run_rounds(
             before, seen = servers[name].cpu_seconds(), len(servers[name].log_text())
             started = time.perf_counter()
             prompts = [prompt(rng) for _ in range(block)]
-            firsts = list(
-                pool.map(lambda p, server=servers[name], k=keys[name]: _request(server, k, p, stream), prompts)
+            send = functools.partial(
+                _request, servers[name], keys[name], stream=stream, temperature=temperature, keep_alive=keep_alive
             )
+            firsts = list(pool.map(send, prompts))
             times[name].append((time.perf_counter() - started) / block * 1000)
             ttfts[name].append(statistics.fmean(firsts) * 1000)
             after = servers[name].cpu_seconds()
@@ -405,17 +424,31 @@ def _as_text(prompt: Callable[[random.Random], list[int]]) -> Callable[[random.R
     return text
 
 
-def _request(server: ServerProcess, key: str | None, prompt: list[int] | str, stream: bool = True) -> float:
+def _request(
+    server: ServerProcess,
+    key: str | None,
+    prompt: list[int] | str,
+    stream: bool = True,
+    temperature: float | None = None,
+    keep_alive: bool = False,
+) -> float:
     """One /generate of ``prompt`` (token ids or text), streamed or not, read to the end; the seconds to its first
-    streamed event (to the end when not streamed)."""
+    streamed event (to the end when not streamed). ``keep_alive``: on this thread's open connection to the server
+    (made on first use), as ``sglang.bench_serving``'s client session sends; otherwise on a new connection."""
     body = {
         "text" if isinstance(prompt, str) else "input_ids": prompt,
-        "sampling_params": {"max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True},
+        "sampling_params": {
+            "max_new_tokens": OUTPUT_TOKENS,
+            "ignore_eos": True,
+            **({} if temperature is None else {"temperature": temperature}),
+        },
         "stream": stream,
     }
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
+    if keep_alive:
+        return _request_on_open_connection(server, json.dumps(body).encode(), headers)
     request = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(), headers)
     sent = time.perf_counter()
     first = None
@@ -423,6 +456,33 @@ def _request(server: ServerProcess, key: str | None, prompt: list[int] | str, st
         for line in response:
             if first is None and line.startswith(b"data:"):
                 first = time.perf_counter()
+    return (first if first is not None else time.perf_counter()) - sent
+
+
+_OPEN = threading.local()
+"""Each client thread's open connections, by server port (``--keep-alive``)."""
+
+
+def _request_on_open_connection(server: ServerProcess, body: bytes, headers: dict[str, str]) -> float:
+    """:func:`_request` on this thread's open connection to ``server``.
+
+    Raises:
+        RuntimeError: the server answered other than 200.
+    """
+    connections: dict[int, http.client.HTTPConnection] = _OPEN.__dict__.setdefault("by_port", {})
+    connection = connections.get(server.port)
+    if connection is None:
+        connection = connections[server.port] = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    sent = time.perf_counter()
+    connection.request("POST", "/generate", body=body, headers=headers)
+    response = connection.getresponse()
+    first = None
+    for line in response:
+        if first is None and line.startswith(b"data:"):
+            first = time.perf_counter()
+    response.read()  # NOTE: to the end of the chunked body, so the connection can carry the next request
+    if response.status != 200:
+        raise RuntimeError(f"/generate answered {response.status}")
     return (first if first is not None else time.perf_counter()) - sent
 
 
