@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmark" / "bench_serving.py"
+from test.unit.testing.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_serving_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses resolve their module by name)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_serving", "bench_serving_under_test")
 
 
 def test_each_round_of_repeats_gives_one_ratio(bench: ModuleType) -> None:

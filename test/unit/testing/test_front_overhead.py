@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from test.unit.testing.conftest import load_benchmark
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("front_overhead", ROOT / "benchmark" / "front_overhead.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["front_overhead"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("front_overhead")
 
 
 def test_it_times_the_gate_and_the_hooks_on_requests_they_serve(monkeypatch: pytest.MonkeyPatch) -> None:

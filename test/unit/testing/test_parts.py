@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from test.unit.testing.conftest import load_benchmark
 
 
 def load() -> ModuleType:
-    # NOTE: run as a script, parts.py finds bench_serving.py beside it; here its folder goes on the path the same way.
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    spec = importlib.util.spec_from_file_location("parts", ROOT / "benchmark" / "parts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["parts"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("parts")
 
 
 def test_a_round_is_compared_with_upstreams_same_round() -> None:
