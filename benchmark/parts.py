@@ -42,6 +42,13 @@ the variant's), for the whole request, to its first streamed event and after it 
 ``--phases`` (the test plugin :mod:`sglang_iso_testing.phase_timer` in every server, upstream included) also each
 start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts, the paired ratio of
 the step and of the model forward alone.
+
+``--cpu-profile`` loads :mod:`sglang_iso_testing.cpu_profile` into every server and profiles, over the rounds after the
+warm-up, the main thread of each one's HTTP process, scheduler and detokenizer by that thread's own CPU time (time
+spent preempted not counted); per start and server it prints each process's profiled CPU per request, the part of it
+in sglang-iso's own code (its frames and the built-ins they call, not the SGLang functions its hooks wrap) and, for
+the sglang-iso variants, its largest frames. cProfile's own cost grows with the Python calls made: read a process's
+totals between servers, and sglang-iso's share within one.
 """
 
 from __future__ import annotations
@@ -64,9 +71,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench_serving import interval
+from sglang_iso import envvars
 from sglang_iso.models import tiny_model_path
 from sglang_iso.tenancy.keys import new_api_key
-from sglang_iso_testing import phase_timer
+from sglang_iso_testing import cpu_profile, phase_timer
 from sglang_iso_testing.process import (
     CPU_ROLES,
     ServerProcess,
@@ -115,6 +123,10 @@ class Rounds:
     """Median decode-step ms of each round's block (``--decode-steps`` only)."""
     phases: dict[str, dict[str, float]] = field(default_factory=dict)
     """Ms per scheduler step of each timed phase over all rounds (``--phases`` only)."""
+    profiles: dict[str, dict[str, cpu_profile.Own]] = field(default_factory=dict)
+    """Per server and process role, its profile over all rounds (``--cpu-profile`` only; ms over the whole run)."""
+    requests: int = 0
+    """Requests each server served over the rounds (warm-up not counted)."""
 
     def after_first(self) -> dict[str, list[float]]:
         """Mean ms per request after its first streamed event, per round (the decode steps' share)."""
@@ -149,6 +161,9 @@ def main() -> None:
     parser.add_argument(
         "--phases", action="store_true", help="load the phase timer into every server; print its phases per start"
     )
+    parser.add_argument(
+        "--cpu-profile", action="store_true", help="profile every server's processes by thread CPU over the rounds"
+    )
     parser.add_argument("--starts", type=int, default=1, help="whole runs, every server started afresh for each")
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
     args = parser.parse_args()
@@ -165,6 +180,8 @@ def main() -> None:
         runs.append(run_start(variants, args, rng, prompt, block))
         if args.starts > 1 or args.phases:
             print(start_line(start, args.starts, runs[-1]), flush=True)
+        if args.cpu_profile:
+            print(profile_lines(runs[-1]), flush=True)
     times = {name: [t for run in runs for t in run.times[name]] for name in runs[0].times}
     cpu = {name: [c for run in runs for c in run.cpu[name]] for name in runs[0].cpu}
     steps = {name: [x for run in runs for x in run.steps[name]] for name in runs[0].steps}
@@ -210,7 +227,9 @@ def main() -> None:
         out = {
             "workload": args.workload, "block": args.block, "times_ms": times, "summary": summary,
             "cpu_ms": cpu, "cpu_summary": cpu_summary, "decode_step_ms": steps, "decode_step_summary": step_summary,
-            "by_start": [vars(run) for run in runs], "over_starts": starts,
+            "by_start": [{**vars(run), "profiles": {n: {r: o._asdict() for r, o in p.items()}
+                                                    for n, p in run.profiles.items()}} for run in runs],
+            "over_starts": starts,
         }  # fmt: skip
         args.json.write_text(json.dumps(out, indent=1))
 
@@ -226,19 +245,40 @@ def run_start(
     key = new_api_key()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
         made = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key})
-        env = phase_timer.plugin_env() if args.phases else None
+        profiles = Path(tmp) / "profiles"
+        profiles.mkdir()
+        env = plugin_env(args.phases, profiles if args.cpu_profile else None)
         servers = start_servers(variants, made.path, STEP_LOG if args.decode_steps else (), env)
         admin = {"Authorization": f"Bearer {made.keys['admin']}"}
         totals = {n: (lambda server=s, n=n: phase_totals(server, {} if n == UPSTREAM or n in KEYLESS else admin))
                   for n, s in servers.items()} if args.phases else {}  # fmt: skip
+        roles: dict[str, dict[int, str]] = {}
+
+        def toggle_profiles() -> None:
+            for name, server in servers.items():
+                roles[name] = cpu_profile.toggle_server(server)
+
         try:
-            return run_rounds(
+            out = run_rounds(
                 servers, key, args.rounds, block, rng, prompt, args.concurrency, not args.no_stream, totals,
-                args.temperature, args.keep_alive,
+                args.temperature, args.keep_alive, toggle_profiles if args.cpu_profile else None,
             )  # fmt: skip
+            out.profiles = {name: cpu_profile.read_server(profiles, pids) for name, pids in roles.items()}
+            return out
         finally:
             for server in servers.values():
                 server.stop()
+
+
+def plugin_env(phases: bool, profiles: Path | None) -> dict[str, str] | None:
+    """The environment loading the phase timer (``phases``) and the CPU profiler (writing to ``profiles``), if any."""
+    envs = [phase_timer.plugin_env()] if phases else []
+    envs += [cpu_profile.plugin_env(profiles)] if profiles is not None else []
+    if not envs:
+        return None
+    merged = {k: v for env in envs for k, v in env.items()}
+    merged[envvars.TEST_PLUGINS.name] = ",".join(env[envvars.TEST_PLUGINS.name] for env in envs)
+    return merged
 
 
 def start_servers(
@@ -278,12 +318,14 @@ def run_rounds(
     totals: dict[str, Callable[[], dict[str, list[float]]]] | None = None,
     temperature: float | None = None,
     keep_alive: bool = False,
+    measuring: Callable[[], None] | None = None,
 ) -> Rounds:
     """Per server (:class:`Rounds`): the mean time of one request in each round's block (ms: the block's time over
     its requests) and to its first streamed event, its processes' CPU per request in each block (ms, by
     ``CPU_ROLES``), the median decode step with ``concurrency`` running in each block (ms, from its log; none unless it
     logs every decode step), and with ``totals`` (each server's phase-timer reader) its phases per step over all
-    rounds. ``concurrency`` clients share a block."""
+    rounds. ``concurrency`` clients share a block; ``measuring`` is called after the warm-up and after the last
+    round."""
     names = list(servers)
     keys = {name: None if name == UPSTREAM or name in KEYLESS else key for name in names}
     for name in names:
@@ -293,6 +335,8 @@ def run_rounds(
     out = Rounds(*({name: [] for name in names} for _ in range(4)))  # type: ignore[arg-type]
     times, ttfts, cpu, steps = out.times, out.ttfts, out.cpu, out.steps
     before_phases = {name: read() for name, read in (totals or {}).items()}
+    if measuring is not None:
+        measuring()
     progress = Progress("parts", rounds, unit="rounds", every_s=0)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -311,6 +355,9 @@ def run_rounds(
             if step:
                 steps[name].append(statistics.median(step))
         progress.step(note=" ".join(f"{n} {times[n][-1]:.1f}" for n in names))
+    if measuring is not None:
+        measuring()
+    out.requests = rounds * block
     pool.shutdown()
     for name, read in (totals or {}).items():
         out.phases[name] = {phase: ms for phase, (ms, _) in phase_timer.per_step(before_phases[name], read()).items()}
@@ -324,6 +371,22 @@ def phase_totals(server: ServerProcess, headers: dict[str, str]) -> dict[str, li
         raise RuntimeError(f"/get_server_info answered {status}: {str(info)[:200]}")
     totals: dict[str, list[float]] = info["internal_states"][0][phase_timer.KEY]
     return totals
+
+
+def profile_lines(run: Rounds, top: int = 6) -> str:
+    """One start's CPU profiles (``--cpu-profile``): per server and process, the profiled CPU per request and
+    sglang-iso's own part of it; the largest of sglang-iso's frames in each process of the sglang-iso variants."""
+    lines = ["CPU profile, ms of thread CPU per request (profiled; sglang-iso's own code in brackets):"]
+    per = max(run.requests, 1)
+    for name, by_role in run.profiles.items():
+        cells = [f"{role} {o.total_ms / per:7.3f} [{o.own_ms / per:6.3f}]" for role, o in sorted(by_role.items())]
+        lines.append(f"  {name:10s} " + "  ".join(cells))
+        if name == UPSTREAM:
+            continue
+        for role, o in sorted(by_role.items()):
+            frames = ", ".join(f"{frame.split('/')[-1]} {ms / per:.3f}" for frame, ms in o.top[:top])
+            lines.append(f"    {role:11s} {frames}")
+    return "\n".join(lines)
 
 
 def start_line(start: int, starts: int, run: Rounds) -> str:

@@ -115,6 +115,16 @@ TEST_PLUGINS = EnvVar(
     "harness",
 )
 TESTING = EnvVar("SGLANG_ISO_TESTING", "'1': this server is started by the test harness", None, "harness")
+START_LOG = EnvVar(
+    "SGLANG_ISO_START_LOG", "file the test harness appends a JSON line to for every server it starts (seconds taken)",
+    None, "harness",
+)  # fmt: skip
+CPU_PROFILE_DIR = EnvVar(
+    "SGLANG_ISO_CPU_PROFILE_DIR",
+    "directory for the profiles of the test plugin sglang_iso_testing.cpu_profile (benchmark/parts.py --cpu-profile)",
+    None,
+    "harness",
+)
 BASELINE = EnvVar(
     "SGLANG_ISO_BASELINE",
     "'1': `python -m sglang_iso.baseline_server`, plain upstream for comparison: the plugin applies the CPU shims "
@@ -148,6 +158,8 @@ ALL: tuple[EnvVar, ...] = (
     AUDIT_SAME_TENANT_KEY,
     TEST_PLUGINS,
     TESTING,
+    START_LOG,
+    CPU_PROFILE_DIR,
     BASELINE,
 )
 """Every declared variable, in the order above."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from sglang_iso import envvars
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = (ROOT / "python" / "sglang_iso", ROOT / "python" / "sglang_iso_testing", ROOT / "sgl-kernel-patches")
+PACKAGES = (ROOT / "python" / "sglang_iso", ROOT / "testing" / "sglang_iso_testing", ROOT / "sgl-kernel-patches")
 NAME = re.compile(r"SGLANG_ISO_[A-Z0-9_]*[A-Z0-9]")
 HOME = ROOT / "python" / "sglang_iso" / "envvars.py"
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_iso import envvars
+
 _PORTS = range(20000, 32000)
 """Below Linux's default ephemeral range (32768-60999): no outgoing connection takes a port handed out here between
 the check and the server's bind (port 0 would hand out an ephemeral port, which any client socket may take)."""
@@ -124,7 +126,7 @@ class ServerProcess:
     def _record_start(self, seconds: float) -> None:
         """Append how long the start took to ``$SGLANG_ISO_START_LOG`` (a JSON line per start), when set: where a
         test run spends its time starting servers."""
-        path = os.environ.get("SGLANG_ISO_START_LOG")
+        path = envvars.START_LOG.get()
         if not path:
             return
         row = {"seconds": round(seconds, 1), "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": self.argv[1:4]}
@@ -171,20 +173,33 @@ class ServerProcess:
         one started), SGLang's scheduler and detokenizer (by their process titles), and all of them together."""
         import psutil
 
-        if self.proc is None:
-            raise RuntimeError("server not started")
-        main = psutil.Process(self.proc.pid)
         out = dict.fromkeys(CPU_ROLES, 0.0)
-        for proc in (main, *main.children(recursive=True)):
+        for proc, role in self.processes():
             try:
-                times, name = proc.cpu_times(), proc.name()
+                times = proc.cpu_times()
             except psutil.NoSuchProcess:
                 continue
             seconds = times.user + times.system
-            role = "http" if proc.pid == main.pid else next((r for r in CPU_ROLES[1:3] if r in name), None)
             if role is not None:
                 out[role] += seconds
             out["all"] += seconds
+        return out
+
+    def processes(self) -> list[tuple[Any, str | None]]:
+        """Every process of the server (``psutil.Process``) with its role in :data:`CPU_ROLES` (``http``,
+        ``scheduler``, ``detokenizer``), or None for the others (e.g. multiprocessing's resource tracker)."""
+        import psutil
+
+        if self.proc is None:
+            raise RuntimeError("server not started")
+        main = psutil.Process(self.proc.pid)
+        out: list[tuple[Any, str | None]] = []
+        for proc in (main, *main.children(recursive=True)):
+            try:
+                name = proc.name()
+            except psutil.NoSuchProcess:
+                continue
+            out.append((proc, "http" if proc.pid == main.pid else next((r for r in CPU_ROLES[1:3] if r in name), None)))
         return out
 
     def post(

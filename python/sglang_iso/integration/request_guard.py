@@ -45,6 +45,8 @@ def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
     if not ids:
         return "the prompt is empty"
     if vocab_size is not None:
+        if set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
+            return None  # NOTE: a prompt of plain ints in range, decided in C; anything else is searched below
         bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), _NO_BAD_ID)
         if bad is not _NO_BAD_ID:
             return f"token id {bad!r} is outside the vocabulary [0, {vocab_size})"

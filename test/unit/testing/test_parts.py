@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from sglang_iso import envvars
 from test.unit.testing.conftest import load_benchmark
 
 
@@ -60,3 +62,13 @@ def test_a_round_upstream_spent_no_measurable_time_in_is_left_out() -> None:
     row = parts.summarize({"upstream": [0.0, 10.0], "iso": [10.0, 12.0]})["iso"]
     assert row["ratio"] == pytest.approx(12.0 / 10.0)
     assert math.isnan(parts.summarize({"upstream": [0.0], "iso": [10.0]})["iso"]["ratio"])
+
+
+def test_the_profiler_and_the_phase_timer_load_together(tmp_path: Path) -> None:
+    parts = load()
+    both = parts.plugin_env(True, tmp_path)
+    plugins = both[envvars.TEST_PLUGINS.name].split(",")
+    assert plugins == ["sglang_iso_testing.phase_timer", "sglang_iso_testing.cpu_profile"], plugins
+    assert both[envvars.CPU_PROFILE_DIR.name] == str(tmp_path) and both[envvars.TESTING.name] == "1"
+    assert parts.plugin_env(False, tmp_path)[envvars.TEST_PLUGINS.name] == "sglang_iso_testing.cpu_profile"
+    assert parts.plugin_env(False, None) is None
