@@ -43,12 +43,13 @@ the variant's), for the whole request, to its first streamed event and after it 
 start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts, the paired ratio of
 the step and of the model forward alone.
 
-``--cpu-profile`` loads :mod:`sglang_iso_testing.cpu_profile` into every server and profiles, over the rounds after the
-warm-up, the main thread of each one's HTTP process, scheduler and detokenizer by that thread's own CPU time (time
-spent preempted not counted); per start and server it prints each process's profiled CPU per request, the part of it
-in sglang-iso's own code (its frames and the built-ins they call, not the SGLang functions its hooks wrap) and, for
-the sglang-iso variants, its largest frames. cProfile's own cost grows with the Python calls made: read a process's
-totals between servers, and sglang-iso's share within one.
+``--cpu-profile DIR`` loads :mod:`sglang_iso_testing.cpu_profile` into every server and profiles, over the rounds
+after the warm-up, the main thread of each one's HTTP process, scheduler and detokenizer by that thread's own CPU time
+(time spent preempted not counted); per start and server it prints each process's profiled CPU per request, the part
+of it in sglang-iso's own code (its frames and the built-ins they call, not the SGLang functions its hooks wrap) and,
+for the sglang-iso variants, its largest frames; the profiles stay in ``DIR/start-*/<server>-<process>.prof`` (read
+them with :mod:`pstats`). cProfile's own cost grows with the Python calls made: read a process's totals between
+servers, and sglang-iso's share within one.
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def main() -> None:
         "--phases", action="store_true", help="load the phase timer into every server; print its phases per start"
     )
     parser.add_argument(
-        "--cpu-profile", action="store_true", help="profile every server's processes by thread CPU over the rounds"
+        "--cpu-profile",
+        type=Path,
+        metavar="DIR",
+        help="profile every server's processes by thread CPU over the rounds; keep the profiles in DIR/start-*/",
     )
     parser.add_argument("--starts", type=int, default=1, help="whole runs, every server started afresh for each")
     parser.add_argument("--json", type=Path, help="also write the block times and ratios here")
@@ -245,9 +249,8 @@ def run_start(
     key = new_api_key()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-parts-") as tmp:
         made = write_tenants_file(Path(tmp), {"acme": {"cache": "private"}}, keys={"acme": key})
-        profiles = Path(tmp) / "profiles"
-        profiles.mkdir()
-        env = plugin_env(args.phases, profiles if args.cpu_profile else None)
+        profiles = Path(tempfile.mkdtemp(prefix="start-", dir=args.cpu_profile)) if args.cpu_profile else None
+        env = plugin_env(args.phases, profiles)
         servers = start_servers(variants, made.path, STEP_LOG if args.decode_steps else (), env)
         admin = {"Authorization": f"Bearer {made.keys['admin']}"}
         totals = {n: (lambda server=s, n=n: phase_totals(server, {} if n == UPSTREAM or n in KEYLESS else admin))
@@ -263,7 +266,8 @@ def run_start(
                 servers, key, args.rounds, block, rng, prompt, args.concurrency, not args.no_stream, totals,
                 args.temperature, args.keep_alive, toggle_profiles if args.cpu_profile else None,
             )  # fmt: skip
-            out.profiles = {name: cpu_profile.read_server(profiles, pids) for name, pids in roles.items()}
+            if profiles is not None:
+                out.profiles = {name: cpu_profile.read_server(profiles, pids, name) for name, pids in roles.items()}
             return out
         finally:
             for server in servers.values():

@@ -91,8 +91,9 @@ def toggle_server(server: ServerProcess) -> dict[int, str]:
     return roles
 
 
-def read_server(directory: Path, roles: dict[int, str], timeout_s: float = 30.0) -> dict[str, Own]:
-    """Each role's profile (:func:`own_ms`), once the processes stopped by :func:`toggle_server` wrote them.
+def read_server(directory: Path, roles: dict[int, str], server: str, timeout_s: float = 30.0) -> dict[str, Own]:
+    """Each role's profile (:func:`own_ms`), once the processes stopped by :func:`toggle_server` wrote them; each file
+    is renamed ``<server>-<role>.prof``.
 
     Raises:
         TimeoutError: a process did not write its profile within ``timeout_s`` (busy in one long call, or gone).
@@ -105,7 +106,8 @@ def read_server(directory: Path, roles: dict[int, str], timeout_s: float = 30.0)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no profile from the {role} (pid {pid}) in {timeout_s:g} s")
             time.sleep(0.1)
-        out[role] = own_ms(path)
+        named = path.rename(directory / f"{server}-{role}.prof")
+        out[role] = own_ms(named)
     return out
 
 
