@@ -377,9 +377,10 @@ def phase_totals(server: ServerProcess, headers: dict[str, str]) -> dict[str, li
     return totals
 
 
-def profile_lines(run: Rounds, top: int = 6) -> str:
+def profile_lines(run: Rounds, top: int = 4) -> str:
     """One start's CPU profiles (``--cpu-profile``): per server and process, the profiled CPU per request and
-    sglang-iso's own part of it; the largest of sglang-iso's frames in each process of the sglang-iso variants."""
+    sglang-iso's own part of it; in each process of the sglang-iso variants, that part by sglang-iso's parts
+    (:data:`~sglang_iso_testing.cpu_profile.PARTS`) and its largest frames."""
     lines = ["CPU profile, ms of thread CPU per request (profiled; sglang-iso's own code in brackets):"]
     per = max(run.requests, 1)
     for name, by_role in run.profiles.items():
@@ -388,8 +389,11 @@ def profile_lines(run: Rounds, top: int = 6) -> str:
         if name == UPSTREAM:
             continue
         for role, o in sorted(by_role.items()):
+            if not o.top:
+                continue
+            shares = ", ".join(f"{part} {ms / per:.3f}" for part, ms in o.parts.items())
             frames = ", ".join(f"{frame.split('/')[-1]} {ms / per:.3f}" for frame, ms in o.top[:top])
-            lines.append(f"    {role:11s} {frames}")
+            lines.append(f"    {role:11s} by part: {shares}; frames: {frames}")
     return "\n".join(lines)
 
 

@@ -39,6 +39,22 @@ SIGNAL = signal.SIGUSR2
 OWN_PARTS = ("/sglang_iso/", "/sglang_iso_kernels/")
 """Path parts of sglang-iso's own source files (the test plugins, ``sglang_iso_testing``, are not counted)."""
 
+PARTS: dict[str, tuple[str, ...]] = {
+    "gate": ("server/gate.py", "server/request_rules.py", "server/admission.py", "server/rate_limits.py",
+             "server/adapters.py", "server/pd_rules.py", "tenancy/"),
+    "tokenizer-manager hooks": ("integration/front/", "integration/dp_routing.py", "integration/lora.py",
+                                "server/tagging.py", "server/retention.py"),
+    "request guard": ("integration/request_guard.py",),
+    "fairness": ("integration/fairness.py",),
+    "tree": ("integration/tenant_cache.py", "cache/", "integration/hybrid_cache.py", "integration/host_cache.py"),
+    "owner check": ("integration/owner_check.py", "sglang_iso_kernels/", "integration/swa_owner.py",
+                    "integration/state_owner.py"),
+    "scrub": ("integration/scrub.py", "integration/mamba_scrub.py"),
+    "allocator tap": ("integration/allocator_tap.py",),
+}  # fmt: skip
+"""The parts of sglang-iso a profile's frames are summed into (:attr:`Own.parts`), by path; anything else is
+``other`` (e.g. ``integration/runtime.py`` and ``identity/``, shared by several)."""
+
 _profile: list[cProfile.Profile] = []
 """The running profile of this process (empty when none)."""
 
@@ -120,6 +136,8 @@ class Own(NamedTuple):
     """sglang-iso's frames and the built-ins they call directly."""
     top: list[tuple[str, float]]
     """sglang-iso's frames, each with its own time and that of the built-ins it calls, largest first."""
+    parts: dict[str, float]
+    """:attr:`top` summed by :data:`PARTS` (those with any time; ``other`` for frames in none), largest first."""
 
 
 def own_ms(path: Path, parts: tuple[str, ...] = OWN_PARTS) -> Own:
@@ -139,7 +157,11 @@ def own_ms(path: Path, parts: tuple[str, ...] = OWN_PARTS) -> Own:
                 if ours(caller):
                     by_frame[_name(caller)] = by_frame.get(_name(caller), 0.0) + caller_tt
     top = sorted(((name, 1e3 * s) for name, s in by_frame.items()), key=lambda row: -row[1])
-    return Own(1e3 * total, sum(ms for _, ms in top), top)
+    summed: dict[str, float] = {}
+    for name, ms in top:
+        part = next((p for p, paths in PARTS.items() if any(path in name for path in paths)), "other")
+        summed[part] = summed.get(part, 0.0) + ms
+    return Own(1e3 * total, sum(ms for _, ms in top), top, dict(sorted(summed.items(), key=lambda row: -row[1])))
 
 
 def _name(func: tuple[str, int, str]) -> str:

@@ -35,6 +35,7 @@ def test_own_time_is_our_frames_and_the_builtins_they_call(tmp_path: Path) -> No
     assert 0 < own.own_ms < own.total_ms, own
     assert any(name.startswith("sglang_iso/integration/request_guard.py") for name in names), names
     assert not any("not_ours" in name or "test_cpu_profile" in name for name in names), names
+    assert list(own.parts) == ["request guard"] and own.parts["request guard"] == own.own_ms, own.parts
     # positive control: counting this file as ours takes in its Python work too
     wider = cpu_profile.own_ms(path, (*cpu_profile.OWN_PARTS, "/test_cpu_profile"))
     assert wider.own_ms > own.own_ms and any("not_ours" in name for name, _ in wider.top), wider.top
