@@ -51,6 +51,10 @@ intake, batch selection, the forward with and without what runs before it, resul
 operations, and sglang-iso's owner check and scrub), read from ``/get_server_info`` before and after each run: the
 share of each part measured where it runs, without sampling.
 
+``--control`` starts plain upstream in both slots (the ``iso`` column is then a second upstream, started, warmed up,
+frozen and sent requests as the first): an A/A run, whose per-start ratios show the harness's own bias and spread at
+each level, with nothing of sglang-iso's.
+
 ``--profile DIR`` samples every process of each server (the HTTP process, the scheduler, the detokenizer) with
 ``py-spy record`` (one per process) while each level runs, writes the collapsed stacks to
 ``DIR/<server>-<level>-<pid>-<process>.txt`` and prints, per process, the share of samples in each of sglang-iso's
@@ -406,13 +410,16 @@ class BenchServer:
         profile_dir: Path | None = None,
         profile_rate: int = 50,
         phases: bool = False,
+        control: bool = False,
     ) -> None:
         self.name, self.solo, self.many, self.workdir = name, tenants.solo, tenants.many, workdir
+        self.iso = name == "iso" and not control
+        """sglang-iso (with the tenants file and keys), else plain upstream (``--control``: in both slots)."""
         self.profile_dir, self.profile_rate = profile_dir, profile_rate
         self.phases = phases
-        self.info_headers = {"Authorization": f"Bearer {tenants.admin}"} if name == "iso" else {}
+        self.info_headers = {"Authorization": f"Bearer {tenants.admin}"} if self.iso else {}
         port = free_port()
-        if name == "upstream":
+        if not self.iso:
             argv = baseline_server_argv(port, tiny_model_path(), *SIZES, *both_args)
         else:
             argv = iso_server_argv(
@@ -424,9 +431,9 @@ class BenchServer:
     def start(self, seed: int) -> BenchServer:
         self.server.start(timeout_s=600)
         try:
-            keys = [self.solo if self.name == "iso" else None]
+            keys = [self.solo if self.iso else None]
             run_level(self.server.base_url, Level("gsp", 8, 1), keys, seed + ROUND_SEEDS - 1, self.workdir)  # warm-up
-            if self.name == "upstream":
+            if not self.iso:
                 self.server.freeze_gc()  # NOTE: sglang-iso's gate froze its processes once it listened
         except BaseException:
             self.server.stop()
@@ -439,7 +446,7 @@ class BenchServer:
     def run(self, level: Level, seed: int, log_prefix: Path | None = None) -> LevelRun:
         """One level against this server."""
         server, name = self.server, self.name
-        keys: list[str | None] = ([self.solo] if level.tenants == 1 else list(self.many)) if name == "iso" else [None]
+        keys: list[str | None] = ([self.solo] if level.tenants == 1 else list(self.many)) if self.iso else [None]
         seen = len(server.log_text())
         slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
         profiler = None
@@ -665,6 +672,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--server-args", default="", help='extra SGLang flags for both servers, e.g. "--decode-log-interval 1"'
     )
+    p.add_argument(
+        "--control",
+        action="store_true",
+        help="plain upstream in both slots (an A/A run: the harness's own bias and spread, none of sglang-iso's)",
+    )
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second with --profile")
     p.add_argument(
@@ -687,13 +699,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.rounds < 1 or not levels or not 1 <= args.repeats <= 99:
         p.error("--rounds >= 1, --repeats 1-99 and at least one level")
+    if args.control:
+        print("control run: plain upstream in both slots (the iso column is a second upstream)", flush=True)
     iso_args = tuple(shlex.split(args.iso_args))
     both_args = tuple(shlex.split(args.server_args))
     results: dict[str, dict[Level, Samples]] = {s: {lv: Samples() for lv in levels} for s in SERVERS}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sglang-iso-bench-serving-") as tmp:
         tenants = write_tenants(Path(tmp))
-        made = (tenants, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate, args.phases)
+        made = (tenants, Path(tmp), iso_args, both_args, profile_dir, args.profile_rate, args.phases, args.control)
         runs = [(n, level, k) for n, level in enumerate(levels) for k in range(args.repeats)]
 
         def record(name: str, level: Level, got: LevelRun) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -66,3 +67,20 @@ def test_overall_rows_take_one_sample_per_round(bench: ModuleType) -> None:
     assert per_round == pytest.approx([math.sqrt(0.925 * 0.8), math.sqrt(1.1 * 1.2)], abs=0.005)
     assert "over 2 rounds" in throughput[2]
     assert rows[1].split("|")[5].strip().startswith("1.000 (1.000-1.000)")
+
+
+def test_a_control_run_starts_plain_upstream_in_both_slots(bench: ModuleType, tmp_path: Path) -> None:
+    tenants = bench.write_tenants(tmp_path)
+    iso = bench.BenchServer("iso", tenants, tmp_path)
+    control = bench.BenchServer("iso", tenants, tmp_path, control=True)
+    upstream = bench.BenchServer("upstream", tenants, tmp_path)
+    try:
+        # positive control: without --control the second slot is sglang-iso with the tenants file and its keys
+        assert "sglang_iso.launch_server" in iso.server.argv and str(tenants.path) in iso.server.argv and iso.iso
+        for server in (control, upstream):
+            argv = server.server.argv
+            assert "sglang_iso.baseline_server" in argv and str(tenants.path) not in argv and not server.iso, argv
+            assert server.info_headers == {}
+    finally:
+        for server in (iso, control, upstream):
+            server.stop()
