@@ -47,9 +47,10 @@ PARTS: dict[str, tuple[str, ...]] = {
     "request guard": ("integration/request_guard.py",),
     "fairness": ("integration/fairness.py",),
     "tree": ("integration/tenant_cache.py", "cache/", "integration/hybrid_cache.py", "integration/host_cache.py"),
-    "owner check": ("integration/owner_check.py", "sglang_iso_kernels/", "integration/swa_owner.py",
-                    "integration/state_owner.py"),
-    "scrub": ("integration/scrub.py", "integration/mamba_scrub.py"),
+    "owner check": ("integration/owner_check.py", "sglang_iso_kernels/row_check.py", "sglang_iso_kernels/_row_check",
+                    "sglang_iso_kernels/verified_rows.py", "integration/swa_owner.py", "integration/state_owner.py"),
+    "scrub": ("integration/scrub.py", "integration/mamba_scrub.py", "sglang_iso_kernels/scrub.py",
+              "sglang_iso_kernels/_scrub"),
     "allocator tap": ("integration/allocator_tap.py",),
 }  # fmt: skip
 """The parts of sglang-iso a profile's frames are summed into (:attr:`Own.parts`), by path; anything else is
@@ -101,7 +102,7 @@ def toggle_server(server: ServerProcess) -> dict[int, str]:
     for them the signal's default action is to exit); their pids by role."""
     roles: dict[int, str] = {}
     for proc, role in server.processes():
-        if role is not None and role != "all":
+        if role is not None:
             proc.send_signal(SIGNAL)
             roles[proc.pid] = role
     return roles
