@@ -175,6 +175,8 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    if args.cpu_profile:
+        args.cpu_profile.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     ids = _random_prompt if args.workload == "random" else _shared_prompt(rng)
     prompt: Callable[[random.Random], list[int] | str] = _as_text(ids) if args.text else ids
