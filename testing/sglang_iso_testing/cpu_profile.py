@@ -132,7 +132,7 @@ class Own(NamedTuple):
     """One profile read by :func:`own_ms` (milliseconds of thread CPU, over the whole profile)."""
 
     total_ms: float
-    """Every function's own time (the thread's CPU while profiled, less the profiler's)."""
+    """Every function's own time: the thread's CPU while profiled, part of the profiler's own cost included."""
     own_ms: float
     """sglang-iso's frames and the built-ins they call directly."""
     top: list[tuple[str, float]]
