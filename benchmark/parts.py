@@ -66,7 +66,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -524,11 +524,17 @@ def _request(
         return _request_on_open_connection(server, json.dumps(body).encode(), headers)
     request = urllib.request.Request(server.base_url + "/generate", json.dumps(body).encode(), headers)
     sent = time.perf_counter()
-    first = None
     with urllib.request.urlopen(request, timeout=120) as response:
-        for line in response:
-            if first is None and line.startswith(b"data:"):
-                first = time.perf_counter()
+        return _to_first_event(response, sent)
+
+
+def _to_first_event(lines: Iterable[bytes], sent: float) -> float:
+    """Read a response's lines to the end; the seconds from ``sent`` to its first streamed event (to the end when
+    it has none)."""
+    first = None
+    for line in lines:
+        if first is None and line.startswith(b"data:"):
+            first = time.perf_counter()
     return (first if first is not None else time.perf_counter()) - sent
 
 
@@ -547,16 +553,21 @@ def _request_on_open_connection(server: ServerProcess, body: bytes, headers: dic
     if connection is None:
         connection = connections[server.port] = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     sent = time.perf_counter()
-    connection.request("POST", "/generate", body=body, headers=headers)
-    response = connection.getresponse()
-    first = None
-    for line in response:
-        if first is None and line.startswith(b"data:"):
-            first = time.perf_counter()
+    try:
+        connection.request("POST", "/generate", body=body, headers=headers)
+        response = connection.getresponse()
+    except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+        # NOTE: the server closed the connection while it sat idle (uvicorn does after 5 s): once on a new one
+        connection.close()
+        connection = connections[server.port] = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+        sent = time.perf_counter()
+        connection.request("POST", "/generate", body=body, headers=headers)
+        response = connection.getresponse()
+    took = _to_first_event(response, sent)
     response.read()  # NOTE: to the end of the chunked body, so the connection can carry the next request
     if response.status != 200:
         raise RuntimeError(f"/generate answered {response.status}")
-    return (first if first is not None else time.perf_counter()) - sent
+    return took
 
 
 if __name__ == "__main__":

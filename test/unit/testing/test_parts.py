@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import math
 import statistics
+import threading
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -72,3 +74,35 @@ def test_the_profiler_and_the_phase_timer_load_together(tmp_path: Path) -> None:
     assert both[envvars.CPU_PROFILE_DIR.name] == str(tmp_path) and both[envvars.TESTING.name] == "1"
     assert parts.plugin_env(False, tmp_path)[envvars.TEST_PLUGINS.name] == "sglang_iso_testing.cpu_profile"
     assert parts.plugin_env(False, None) is None
+
+
+def test_an_open_connection_the_server_closed_is_opened_again() -> None:
+    parts = load()
+    served: list[int] = []
+
+    class Once(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, but the socket is closed after each answer without saying so
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            payload = b'data: {"text": "a"}\n\ndata: [DONE]\n\n'
+            served.append(1)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            self.close_connection = True
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Once)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        server = SimpleNamespace(port=httpd.server_address[1])
+        for _ in range(3):  # the 2nd and 3rd find the first connection closed
+            assert parts._request_on_open_connection(server, b"{}", {"Content-Length": "2"}) >= 0.0
+        assert len(served) == 3
+    finally:
+        httpd.shutdown()
