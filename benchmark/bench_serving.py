@@ -51,6 +51,15 @@ intake, batch selection, the forward with and without what runs before it, resul
 operations, and sglang-iso's owner check and scrub), read from ``/get_server_info`` before and after each run: the
 share of each part measured where it runs, without sampling.
 
+``--interleave`` (single-tenant levels at concurrency 1): the pairs are single requests. Each level run is one
+client process whose requests alternate between the two servers in ABBA order (``slot_of``), ``2 x`` the level's
+prompts, two warm-up requests (one each) left out; each server's numbers are sglang.bench_serving's own per-request
+timings of its requests (TTFT, inter-token gaps, end-to-end latency), and its throughput is 1 / its mean end-to-end
+latency, the rate of a concurrency-1 client sending to it alone. This machine's speed drifts by tens of per cent
+within seconds (a level run on one server, then on the other, reads 5-11 req/s on one server); alternating request
+by request puts both servers under the same drift, leaving only what differs between server starts. Only one server
+works at a time, as in the level-by-level pairs.
+
 ``--control`` starts plain upstream in both slots (the ``iso`` column is then a second upstream, started, warmed up,
 frozen and sent requests as the first): an A/A run, whose per-start ratios show the harness's own bias and spread at
 each level, with nothing of sglang-iso's.
@@ -71,6 +80,7 @@ admitted together, or staggered, with about twice the prefill batches, on both s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -83,6 +93,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +117,11 @@ SERVERS = ("upstream", "iso")
 TENANTS = 8
 KEYS_ENV = "SGLANG_ISO_BENCH_KEYS"
 """The tenant keys of a many-tenant level, for the client process (comma-separated)."""
+ROUTE_ENV = "SGLANG_ISO_BENCH_ROUTE"
+"""``--interleave``: the client process's route, JSON ``{"slots": [[base URL, key or null], ...], "first": 0 or 1,
+"out": path}``: request k goes to slot :func:`slot_of` (k, first), its numbers are appended to ``out``."""
+INTERLEAVE_WARMUPS = 2
+"""``--interleave``: sglang.bench_serving's warm-up requests (one per server, by :func:`slot_of`), not counted."""
 DEFAULT_LEVELS = "gsp:1,gsp:8,gsp:32,random:8,gsp:8x8,gsp:32x8"
 PROMPTS_PER_CLIENT = 20
 """Requests per client and level: 160 at concurrency 8 (as in the tail-latency measurement), at least 48."""
@@ -186,6 +203,51 @@ def parse_levels(text: str) -> list[Level]:
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def slot_of(k: int, first: int) -> int:
+    """``--interleave``: the server (0 or 1) of the client's k-th request: ABBA order (``first``, other, other,
+    ``first``, ...), so each server runs as often right after itself as right after the other, and each pair of
+    consecutive requests, one per server, is a pair of the same moment's machine."""
+    return ((k + k // 2) % 2) ^ first
+
+
+@dataclass(frozen=True)
+class Served:
+    """``--interleave``: one server's measured requests of one client run."""
+
+    rate: float
+    """1 / mean end-to-end latency (req/s): the rate of a client sending one request after another to it alone."""
+    ttfts: list[float]
+    itls: list[float]
+    latencies: list[float]
+
+
+def split_route(lines: list[str], slots: int = 2) -> list[Served]:
+    """Each slot's measured requests from the client's route file (warm-ups dropped; a failed request is refused:
+    the two servers' numbers would no longer be of the same prompts' count)."""
+    by_slot: list[list[dict[str, Any]]] = [[] for _ in range(slots)]
+    for line in lines:
+        row = json.loads(line)
+        if row["k"] < INTERLEAVE_WARMUPS:
+            continue
+        if not row["success"]:
+            raise RuntimeError(f"request {row['k']} to slot {row['slot']} failed: {row.get('error', '')[:300]}")
+        by_slot[row["slot"]].append(row)
+    out = []
+    for slot, rows in enumerate(by_slot):
+        if not rows:
+            raise RuntimeError(f"slot {slot} served no measured request")
+        latencies = [r["latency"] for r in rows]
+        out.append(
+            Served(
+                rate=1.0 / statistics.fmean(latencies),
+                ttfts=[r["ttft"] for r in rows],
+                itls=[x for r in rows for x in r["itl"]],
+                latencies=latencies,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -294,31 +356,66 @@ def profile_shares(collapsed: str) -> str:
 
 def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir: Path) -> tuple[float, list, list]:
     """One level against one server through ``sglang.bench_serving``; (req/s, TTFTs, ITLs)."""
+    result = _bench(url, level, keys, seed, workdir)
+    itls = [x for row in result["itls"] for x in row]
+    return result["request_throughput"], [t for t in result["ttfts"] if t > 0], itls
+
+
+def run_interleaved(
+    slots: list[tuple[str, str | None]], level: Level, seed: int, workdir: Path, first: int
+) -> list[Served]:
+    """``--interleave``: one client run of ``level`` whose requests alternate between the two servers ``slots``
+    (base URL, key or None) in :func:`slot_of` order, ``level.prompts`` measured requests each; each server's numbers
+    (sglang.bench_serving's own per-request timings, recorded as its request function returns them)."""
+    route = workdir / "route.jsonl"
+    route.unlink(missing_ok=True)
+    spec = {"slots": [list(slot) for slot in slots], "first": first, "out": str(route)}
+    _bench(
+        slots[0][0], level, [], seed, workdir, prompts=2 * level.prompts, route=spec,
+        extra=("--warmup-requests", str(INTERLEAVE_WARMUPS)),
+    )  # fmt: skip
+    return split_route(route.read_text().splitlines(), len(slots))
+
+
+def _bench(
+    url: str,
+    level: Level,
+    keys: list[str | None],
+    seed: int,
+    workdir: Path,
+    *,
+    prompts: int | None = None,
+    route: dict[str, Any] | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run the client process once; sglang.bench_serving's result line."""
     model = str(tiny_model_path())
     out = workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
     out.unlink(missing_ok=True)
+    count = level.prompts if prompts is None else prompts
     bench = [
-        "--backend", "sglang", "--base-url", url, *DATASET_FLAGS[level.dataset], "--num-prompts", str(level.prompts),
-        "--gsp-prompts-per-group", str(max(1, level.prompts // 8)), "--max-concurrency", str(level.concurrency),
+        "--backend", "sglang", "--base-url", url, *DATASET_FLAGS[level.dataset], "--num-prompts", str(count),
+        "--gsp-prompts-per-group", str(max(1, count // 8)), "--max-concurrency", str(level.concurrency),
         "--tokenizer", model, "--model", model, "--seed", str(seed), "--output-file", str(out), "--output-details",
-        "--disable-tqdm",
+        "--disable-tqdm", *extra,
     ]  # fmt: skip
     # NOTE: every level and server runs the same client process (this file's --as-client), keys or none, so
     # both servers always face the same client code.
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", KEYS_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", KEYS_ENV, ROUTE_ENV)}
     env[KEYS_ENV] = ",".join(k for k in keys if k is not None)
+    if route is not None:
+        env[ROUTE_ENV] = json.dumps(route)
     argv = [sys.executable, str(Path(__file__).resolve()), "--as-client", *bench]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"sglang.bench_serving failed ({level.name}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    result = json.loads(out.read_text().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.read_text().splitlines()[-1])
     failed = len(result["ttfts"]) - result["completed"]
     if result["completed"] == 0 or failed:
         print(f"  {level.name}: {failed} of {len(result['ttfts'])} requests failed", flush=True)
     if result["completed"] == 0:
         raise RuntimeError(f"{level.name}: no request completed")
-    itls = [x for row in result["itls"] for x in row]
-    return result["request_throughput"], [t for t in result["ttfts"] if t > 0], itls
+    return result
 
 
 def client_main(bench_argv: list[str]) -> None:
@@ -329,6 +426,8 @@ def client_main(bench_argv: list[str]) -> None:
     import sglang.benchmark.serving as client
 
     keys = [k for k in os.environ.get(KEYS_ENV, "").split(",") if k]
+    route = json.loads(os.environ[ROUTE_ENV]) if os.environ.get(ROUTE_ENV) else None
+    calls = itertools.count()
     next_key = itertools.cycle(keys)
     owner: dict[str, str] = {}
     current: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_key", default=None)
@@ -336,11 +435,27 @@ def client_main(bench_argv: list[str]) -> None:
     own_headers = client.get_auth_headers
 
     async def keyed(request_func_input: Any, pbar: Any = None) -> Any:
+        if route is not None:
+            return await routed(request_func_input, pbar)
         prompt = request_func_input.prompt
         prefix = prompt[:64] if isinstance(prompt, str) else str(prompt)[:64]
         if keys:
             current.set(owner.setdefault(prefix, next(next_key)))  # NOTE: each request runs in its own task
         return await request(request_func_input=request_func_input, pbar=pbar)
+
+    async def routed(request_func_input: Any, pbar: Any) -> Any:
+        """``--interleave``: request k to server :func:`slot_of` (k), its own numbers appended to the route file."""
+        k = next(calls)
+        slot = slot_of(k, int(route["first"]))
+        base, key = route["slots"][slot]
+        current.set(key)
+        path = urllib.parse.urlsplit(request_func_input.api_url).path
+        got = await request(request_func_input=dataclasses.replace(request_func_input, api_url=base + path), pbar=pbar)
+        row = {"k": k, "slot": slot, "success": got.success, "latency": got.latency, "ttft": got.ttft,
+               "itl": got.itl, "error": got.error}  # fmt: skip
+        with open(route["out"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return got
 
     def headers() -> dict[str, str]:
         key = current.get() or (keys[0] if keys else None)  # outside a request (the ready check): the first key
@@ -397,6 +512,30 @@ def batches(log: str) -> Batches:
     )
 
 
+@dataclass(frozen=True)
+class _Mark:
+    seen: int
+    """Characters of the server's log before the run."""
+    cpu: dict[str, float]
+    phases: dict[str, list[float]]
+
+
+def run_pair(
+    servers: dict[str, BenchServer], level: Level, seed: int, first: str, log_prefix: Callable[[str], Path | None]
+) -> dict[str, LevelRun]:
+    """``--interleave``: one client run whose requests alternate between the two servers (``first`` gets the
+    first), each server's :class:`LevelRun` from its own requests."""
+    names = [first, *(n for n in servers if n != first)]
+    marks = {n: servers[n].mark() for n in names}
+    workdir = servers[first].workdir
+    served = run_interleaved([servers[n].slot() for n in names], level, seed, workdir, first=0)
+    route = workdir / "route.jsonl"
+    return {
+        n: servers[n].finish(marks[n], level, got.rate, got.ttfts, got.itls, log_prefix(n), route)
+        for n, got in zip(names, served, strict=True)
+    }
+
+
 class BenchServer:
     """One server for a round: started with the level's sizes, warmed up, then run level by level."""
 
@@ -445,28 +584,48 @@ class BenchServer:
 
     def run(self, level: Level, seed: int, log_prefix: Path | None = None) -> LevelRun:
         """One level against this server."""
-        server, name = self.server, self.name
         keys: list[str | None] = ([self.solo] if level.tenants == 1 else list(self.many)) if self.iso else [None]
-        seen = len(server.log_text())
-        slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
         profiler = None
-        if self.profile_dir is not None and server.proc is not None:
-            profiler = Profiler(server.proc.pid, self.profile_dir / f"{name}-{slug}.txt", self.profile_rate)
-        cpu_before = server.cpu_seconds()
-        phases_before = self.phase_totals()
+        if self.profile_dir is not None and self.server.proc is not None:
+            slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
+            profiler = Profiler(self.server.proc.pid, self.profile_dir / f"{self.name}-{slug}.txt", self.profile_rate)
+        mark = self.mark()
         try:
-            rate, ttfts, itls = run_level(server.base_url, level, keys, seed, self.workdir)
+            rate, ttfts, itls = run_level(self.server.base_url, level, keys, seed, self.workdir)
         finally:
             if profiler is not None:
-                print(f"  profile of {name} at {level.name}:\n{profiler.stop()}", flush=True)
-        cpu_after = server.cpu_seconds()
-        phases = phase_timer.per_step(phases_before, self.phase_totals()) if self.phases else {}
-        cpu_ms = {role: 1e3 * (cpu_after[role] - cpu_before[role]) / level.prompts for role in CPU_ROLES}
-        log = server.log_text()[seen:]
+                print(f"  profile of {self.name} at {level.name}:\n{profiler.stop()}", flush=True)
+        details = self.workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
+        return self.finish(mark, level, rate, ttfts, itls, log_prefix, details)
+
+    def slot(self) -> tuple[str, str | None]:
+        """This server in an interleaved run: its base URL and the single-tenant key (None: upstream)."""
+        return self.server.base_url, self.solo if self.iso else None
+
+    def mark(self) -> _Mark:
+        """Where this server stands before a run (its log, CPU and phase totals)."""
+        return _Mark(len(self.server.log_text()), self.server.cpu_seconds(), self.phase_totals())
+
+    def finish(
+        self,
+        mark: _Mark,
+        level: Level,
+        rate: float,
+        ttfts: list[float],
+        itls: list[float],
+        log_prefix: Path | None,
+        details: Path,
+    ) -> LevelRun:
+        """This server's :class:`LevelRun` of a run that began at ``mark`` (``details``: the client's per-request
+        numbers, kept with ``--logs``)."""
+        cpu_after = self.server.cpu_seconds()
+        phases = phase_timer.per_step(mark.phases, self.phase_totals()) if self.phases else {}
+        cpu_ms = {role: 1e3 * (cpu_after[role] - mark.cpu[role]) / level.prompts for role in CPU_ROLES}
+        log = self.server.log_text()[mark.seen :]
         if log_prefix is not None:
+            slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
             Path(f"{log_prefix}-{slug}.log").write_text(log)
-            details = self.workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
-            shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")  # the client's per-request numbers
+            shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")
         new, cached = prefill_tokens(log)
         hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
         return LevelRun(rate, ttfts, itls, hit, batches(log), cpu_ms, {k: ms for k, (ms, _) in phases.items()})
@@ -677,6 +836,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="plain upstream in both slots (an A/A run: the harness's own bias and spread, none of sglang-iso's)",
     )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="concurrency-1 levels: one client run per level whose requests alternate between the two servers "
+        "(ABBA), each server's numbers from its own requests (see the module doc)",
+    )
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second with --profile")
     p.add_argument(
@@ -699,6 +864,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.rounds < 1 or not levels or not 1 <= args.repeats <= 99:
         p.error("--rounds >= 1, --repeats 1-99 and at least one level")
+    if args.interleave and (
+        args.schedule != "paired"
+        or profile_dir is not None
+        or any(lv.concurrency != 1 or lv.tenants != 1 for lv in levels)
+    ):
+        p.error("--interleave takes single-tenant concurrency-1 levels, the paired schedule and no --profile")
     if args.control:
         print("control run: plain upstream in both slots (the iso column is a second upstream)", flush=True)
     iso_args = tuple(shlex.split(args.iso_args))
@@ -755,7 +926,14 @@ def main(argv: list[str] | None = None) -> int:
                 for n, level, k in runs:
                     # NOTE: the first server alternates per level (and repeat) too, so neither always runs right
                     # after a start.
-                    for name in order if (n + k) % 2 == 0 else tuple(reversed(order)):
+                    turn = order if (n + k) % 2 == 0 else tuple(reversed(order))
+                    if args.interleave:
+                        pair = run_pair(servers, level, level_seed(seed, n, k, len(levels)), turn[0],
+                                        lambda name, k=k: logs(name, k))  # fmt: skip
+                        for name in turn:
+                            record(name, level, pair[name])
+                        continue
+                    for name in turn:
                         got = servers[name].run(level, level_seed(seed, n, k, len(levels)), logs(name, k))
                         record(name, level, got)
             finally:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import math
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -84,3 +87,79 @@ def test_a_control_run_starts_plain_upstream_in_both_slots(bench: ModuleType, tm
     finally:
         for server in (iso, control, upstream):
             server.stop()
+
+
+def test_interleaved_requests_alternate_abba(bench: ModuleType) -> None:
+    order = [bench.slot_of(k, 0) for k in range(8)]
+    assert order == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert [bench.slot_of(k, 1) for k in range(8)] == [1 - s for s in order]
+    for end in range(2, 65, 2):  # every even prefix: as many requests to each server
+        assert sum(bench.slot_of(k, 0) for k in range(end)) == end // 2
+
+
+def test_split_route_drops_warmups_and_refuses_failures(bench: ModuleType) -> None:
+    def row(k: int, slot: int, latency: float, success: bool = True) -> str:
+        return json.dumps(
+            {"k": k, "slot": slot, "success": success, "latency": latency, "ttft": latency / 4, "itl": [0.01] * 3,
+             "error": "" if success else "refused"}
+        )  # fmt: skip
+
+    warmups = [row(0, 0, 9.0), row(1, 1, 9.0)]  # slow warm-ups, which would move both rates if counted
+    lines = [*warmups, row(2, 1, 0.2), row(3, 0, 0.1), row(4, 0, 0.3), row(5, 1, 0.2)]
+    first, second = bench.split_route(lines)
+    assert first.latencies == [0.1, 0.3] and first.rate == pytest.approx(5.0)
+    assert second.latencies == [0.2, 0.2] and second.rate == pytest.approx(5.0)
+    assert first.ttfts == [0.025, 0.075] and len(second.itls) == 6
+    with pytest.raises(RuntimeError, match="request 3 to slot 0 failed: refused"):
+        bench.split_route([*warmups, row(2, 1, 0.2), row(3, 0, 0.1, success=False)])
+    with pytest.raises(RuntimeError, match="slot 1 served no measured request"):
+        bench.split_route([*warmups, row(3, 0, 0.1)])
+
+
+def test_interleaved_client_routes_each_request_with_its_servers_key(bench: ModuleType, tmp_path: Path) -> None:
+    """The real sglang.bench_serving client process, against two local servers that stream a short answer: each
+    gets its share of the requests in ABBA order, with its own key or none."""
+    seen: list[tuple[int, str | None]] = []
+
+    def serve(index: int) -> http.server.ThreadingHTTPServer:
+        class Generate(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                seen.append((index, self.headers.get("Authorization")))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                steps = int(body["sampling_params"]["max_new_tokens"])
+                for n in range(1, steps + 1):
+                    chunk = {"text": "x" * n, "meta_info": {"completion_tokens": n, "prompt_tokens": 8}}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+
+            def do_GET(self) -> None:  # the client's ready check (/v1/models) and its closing /server_info
+                ready = self.path == "/v1/models"
+                self.send_response(200 if ready else 404)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"data": []}' if ready else b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    servers = [serve(0), serve(1)]
+    try:
+        urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
+        slots = [(urls[0], "k-iso"), (urls[1], None)]
+        level = bench.Level("random", 1, 1)
+        served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, first=0)
+    finally:
+        for server in servers:
+            server.shutdown()
+    measured = seen[bench.INTERLEAVE_WARMUPS :]
+    assert [index for index, _ in seen[:8]] == [bench.slot_of(k, 0) for k in range(8)]
+    assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key in seen), seen
+    assert len(measured) == 2 * level.prompts and [len(s.latencies) for s in served] == [level.prompts] * 2
+    assert all(s.rate > 0 and len(s.itls) == len(s.ttfts) * 15 for s in served)
