@@ -448,7 +448,7 @@ def client_main(bench_argv: list[str]) -> None:
         k = next(calls)
         slot = slot_of(k, int(route["first"]))
         base, key = route["slots"][slot]
-        current.set(key)
+        current.set(key or "")  # ("": this request goes without a key)
         path = urllib.parse.urlsplit(request_func_input.api_url).path
         got = await request(request_func_input=dataclasses.replace(request_func_input, api_url=base + path), pbar=pbar)
         row = {"k": k, "slot": slot, "success": got.success, "latency": got.latency, "ttft": got.ttft,
@@ -457,8 +457,13 @@ def client_main(bench_argv: list[str]) -> None:
             f.write(json.dumps(row) + "\n")
         return got
 
+    # NOTE: outside a request (the ready check, the closing /server_info) the key of the server asked: the first
+    # key, or with --interleave the first slot's ("": none).
+    outside = (route["slots"][0][1] or "") if route is not None else (keys[0] if keys else None)
+
     def headers() -> dict[str, str]:
-        key = current.get() or (keys[0] if keys else None)  # outside a request (the ready check): the first key
+        key = current.get()
+        key = outside if key is None else key
         return {"Authorization": f"Bearer {key}"} if key else own_headers()
 
     client.ASYNC_REQUEST_FUNCS["sglang"] = keyed

@@ -118,8 +118,10 @@ def test_split_route_drops_warmups_and_refuses_failures(bench: ModuleType) -> No
 
 def test_interleaved_client_routes_each_request_with_its_servers_key(bench: ModuleType, tmp_path: Path) -> None:
     """The real sglang.bench_serving client process, against two local servers that stream a short answer: each
-    gets its share of the requests in ABBA order, with its own key or none."""
+    gets its share of the requests in ABBA order, with its own key or none; the ready check asks the first server
+    (which, like sglang-iso's gate, answers 401 without its key)."""
     seen: list[tuple[int, str | None]] = []
+    seen_get: list[tuple[int, str | None]] = []
 
     def serve(index: int) -> http.server.ThreadingHTTPServer:
         class Generate(http.server.BaseHTTPRequestHandler):
@@ -136,8 +138,10 @@ def test_interleaved_client_routes_each_request_with_its_servers_key(bench: Modu
                 self.wfile.write(b"data: [DONE]\n\n")
 
             def do_GET(self) -> None:  # the client's ready check (/v1/models) and its closing /server_info
-                ready = self.path == "/v1/models"
-                self.send_response(200 if ready else 404)
+                seen_get.append((index, self.headers.get("Authorization")))
+                keyed = index != 0 or self.headers.get("Authorization") == "Bearer k-iso"  # (a gate's 401)
+                ready = self.path == "/v1/models" and keyed
+                self.send_response(200 if ready else 401 if not keyed else 404)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(b'{"data": []}' if ready else b"{}")
@@ -161,5 +165,6 @@ def test_interleaved_client_routes_each_request_with_its_servers_key(bench: Modu
     measured = seen[bench.INTERLEAVE_WARMUPS :]
     assert [index for index, _ in seen[:8]] == [bench.slot_of(k, 0) for k in range(8)]
     assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key in seen), seen
+    assert seen_get and all(got == (0, "Bearer k-iso") for got in seen_get), seen_get  # the first slot, keyed
     assert len(measured) == 2 * level.prompts and [len(s.latencies) for s in served] == [level.prompts] * 2
     assert all(s.rate > 0 and len(s.itls) == len(s.ttfts) * 15 for s in served)
