@@ -119,7 +119,8 @@ KEYS_ENV = "SGLANG_ISO_BENCH_KEYS"
 """The tenant keys of a many-tenant level, for the client process (comma-separated)."""
 ROUTE_ENV = "SGLANG_ISO_BENCH_ROUTE"
 """``--interleave``: the client process's route, JSON ``{"slots": [[base URL, key or null], ...], "first": 0 or 1,
-"out": path}``: request k goes to slot :func:`slot_of` (k, first), its numbers are appended to ``out``."""
+"block": requests per block, "out": path}``: measured block b goes to slot :func:`slot_of` (b, first), once no
+earlier block has a request in flight; each request's numbers are appended to ``out``."""
 INTERLEAVE_WARMUPS = 2
 """``--interleave``: sglang.bench_serving's warm-up requests (one per server, by :func:`slot_of`), not counted."""
 DEFAULT_LEVELS = "gsp:1,gsp:8,gsp:32,random:8,gsp:8x8,gsp:32x8"
@@ -206,10 +207,21 @@ def p99(values: list[float]) -> float:
 
 
 def slot_of(k: int, first: int) -> int:
-    """``--interleave``: the server (0 or 1) of the client's k-th request: ABBA order (``first``, other, other,
-    ``first``, ...), so each server runs as often right after itself as right after the other, and each pair of
-    consecutive requests, one per server, is a pair of the same moment's machine."""
+    """``--interleave``: the server (0 or 1) of the client's k-th block (of requests): ABBA order (``first``, other,
+    other, ``first``, ...), so each server runs as often right after itself as right after the other, and each pair
+    of consecutive blocks, one per server, is a pair of the same moment's machine."""
     return ((k + k // 2) % 2) ^ first
+
+
+def block_of(k: int, size: int) -> int:
+    """``--interleave``: the block of the client's k-th request, -1 for a warm-up (:data:`INTERLEAVE_WARMUPS`, each
+    its own: request k goes to slot ``slot_of(k)``)."""
+    return -1 if k < INTERLEAVE_WARMUPS else (k - INTERLEAVE_WARMUPS) // size
+
+
+def block_size(block: int, concurrency: int) -> int:
+    """``--block`` as given, or by default one request at concurrency 1 and 6 per client above."""
+    return block if block > 0 else 1 if concurrency == 1 else 6 * concurrency
 
 
 @dataclass(frozen=True)
@@ -217,7 +229,8 @@ class Served:
     """``--interleave``: one server's measured requests of one client run."""
 
     rate: float
-    """1 / mean end-to-end latency (req/s): the rate of a client sending one request after another to it alone."""
+    """Its requests over the summed wall time of its blocks (first send to last answer; req/s): at concurrency 1,
+    1 / the mean end-to-end latency, the rate of a client sending one request after another to it alone."""
     ttfts: list[float]
     itls: list[float]
     latencies: list[float]
@@ -239,9 +252,13 @@ def split_route(lines: list[str], slots: int = 2) -> list[Served]:
         if not rows:
             raise RuntimeError(f"slot {slot} served no measured request")
         latencies = [r["latency"] for r in rows]
+        spans: dict[int, tuple[float, float]] = {}
+        for r in rows:
+            start, end = spans.get(r["block"], (r["start"], r["start"] + r["latency"]))
+            spans[r["block"]] = (min(start, r["start"]), max(end, r["start"] + r["latency"]))
         out.append(
             Served(
-                rate=1.0 / statistics.fmean(latencies),
+                rate=len(rows) / sum(end - start for start, end in spans.values()),
                 ttfts=[r["ttft"] for r in rows],
                 itls=[x for r in rows for x in r["itl"]],
                 latencies=latencies,
@@ -362,16 +379,19 @@ def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir
 
 
 def run_interleaved(
-    slots: list[tuple[str, str | None]], level: Level, seed: int, workdir: Path, first: int
+    slots: list[tuple[str, str | None]], level: Level, seed: int, workdir: Path, first: int, block: int = 1
 ) -> list[Served]:
-    """``--interleave``: one client run of ``level`` whose requests alternate between the two servers ``slots``
-    (base URL, key or None) in :func:`slot_of` order, ``level.prompts`` measured requests each; each server's numbers
-    (sglang.bench_serving's own per-request timings, recorded as its request function returns them)."""
+    """``--interleave``: one client run of ``level`` whose blocks of ``block`` requests alternate between the two
+    servers ``slots`` (base URL, key or None) in :func:`slot_of` order, a block starting once the one before has
+    finished, at least ``level.prompts`` measured requests each (whole blocks, as many per server); each server's
+    numbers (sglang.bench_serving's own per-request timings, recorded as its request function returns them)."""
     route = workdir / "route.jsonl"
     route.unlink(missing_ok=True)
-    spec = {"slots": [list(slot) for slot in slots], "first": first, "out": str(route)}
+    spec = {"slots": [list(slot) for slot in slots], "first": first, "block": block, "out": str(route)}
+    blocks = 2 * math.ceil(level.prompts / block)
+    blocks += blocks % 4 and 4 - blocks % 4  # (ABBA: whole groups of four)
     _bench(
-        slots[0][0], level, [], seed, workdir, prompts=2 * level.prompts, route=spec,
+        slots[0][0], level, [], seed, workdir, prompts=blocks * block, route=spec,
         extra=("--warmup-requests", str(INTERLEAVE_WARMUPS)),
     )  # fmt: skip
     return split_route(route.read_text().splitlines(), len(slots))
@@ -420,6 +440,7 @@ def _bench(
 
 def client_main(bench_argv: list[str]) -> None:
     """``sglang.bench_serving`` with one bearer key per shared prefix, from :data:`KEYS_ENV` (see module doc)."""
+    import asyncio
     import contextvars
     import itertools
 
@@ -428,6 +449,8 @@ def client_main(bench_argv: list[str]) -> None:
     keys = [k for k in os.environ.get(KEYS_ENV, "").split(",") if k]
     route = json.loads(os.environ[ROUTE_ENV]) if os.environ.get(ROUTE_ENV) else None
     calls = itertools.count()
+    entered: dict[int, int] = {}  # --interleave: requests of each block begun and not finished
+    turns = asyncio.Condition()
     next_key = itertools.cycle(keys)
     owner: dict[str, str] = {}
     current: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_key", default=None)
@@ -444,15 +467,28 @@ def client_main(bench_argv: list[str]) -> None:
         return await request(request_func_input=request_func_input, pbar=pbar)
 
     async def routed(request_func_input: Any, pbar: Any) -> Any:
-        """``--interleave``: request k to server :func:`slot_of` (k), its own numbers appended to the route file."""
+        """``--interleave``: request k in block :func:`block_of` (k) to server :func:`slot_of` (block), sent once no
+        earlier block has a request in flight; its own numbers appended to the route file."""
         k = next(calls)
-        slot = slot_of(k, int(route["first"]))
-        base, key = route["slots"][slot]
-        current.set(key or "")  # ("": this request goes without a key)
-        path = urllib.parse.urlsplit(request_func_input.api_url).path
-        got = await request(request_func_input=dataclasses.replace(request_func_input, api_url=base + path), pbar=pbar)
-        row = {"k": k, "slot": slot, "success": got.success, "latency": got.latency, "ttft": got.ttft,
-               "itl": got.itl, "error": got.error}  # fmt: skip
+        block = block_of(k, int(route["block"]))
+        slot = slot_of(k if block < 0 else block, int(route["first"]))
+        entered[block] = entered.get(block, 0) + 1  # NOTE: before any await: every earlier request is counted
+        try:
+            async with turns:
+                await turns.wait_for(lambda: min(entered) == block)
+            base, key = route["slots"][slot]
+            current.set(key or "")  # ("": this request goes without a key)
+            path = urllib.parse.urlsplit(request_func_input.api_url).path
+            sent = dataclasses.replace(request_func_input, api_url=base + path)
+            got = await request(request_func_input=sent, pbar=pbar)
+        finally:
+            entered[block] -= 1
+            if not entered[block]:
+                del entered[block]
+            async with turns:
+                turns.notify_all()
+        row = {"k": k, "block": block, "slot": slot, "success": got.success, "start": got.start_time,
+               "latency": got.latency, "ttft": got.ttft, "itl": got.itl, "error": got.error}  # fmt: skip
         with open(route["out"], "a") as f:
             f.write(json.dumps(row) + "\n")
         return got
@@ -526,17 +562,24 @@ class _Mark:
 
 
 def run_pair(
-    servers: dict[str, BenchServer], level: Level, seed: int, first: str, log_prefix: Callable[[str], Path | None]
+    servers: dict[str, BenchServer],
+    level: Level,
+    seed: int,
+    first: str,
+    log_prefix: Callable[[str], Path | None],
+    block: int = 1,
 ) -> dict[str, LevelRun]:
-    """``--interleave``: one client run whose requests alternate between the two servers (``first`` gets the
-    first), each server's :class:`LevelRun` from its own requests."""
+    """``--interleave``: one client run whose blocks of ``block`` requests alternate between the two servers
+    (``first`` gets the first), each server's :class:`LevelRun` from its own requests."""
     names = [first, *(n for n in servers if n != first)]
     marks = {n: servers[n].mark() for n in names}
     workdir = servers[first].workdir
-    served = run_interleaved([servers[n].slot() for n in names], level, seed, workdir, first=0)
+    served = run_interleaved([servers[n].slot() for n in names], level, seed, workdir, first=0, block=block)
     route = workdir / "route.jsonl"
     return {
-        n: servers[n].finish(marks[n], level, got.rate, got.ttfts, got.itls, log_prefix(n), route)
+        n: servers[n].finish(
+            marks[n], level, got.rate, got.ttfts, got.itls, log_prefix(n), route, served=len(got.latencies)
+        )
         for n, got in zip(names, served, strict=True)
     }
 
@@ -620,12 +663,14 @@ class BenchServer:
         itls: list[float],
         log_prefix: Path | None,
         details: Path,
+        served: int | None = None,
     ) -> LevelRun:
         """This server's :class:`LevelRun` of a run that began at ``mark`` (``details``: the client's per-request
-        numbers, kept with ``--logs``)."""
+        numbers, kept with ``--logs``; ``served``: its requests, if not the level's count)."""
         cpu_after = self.server.cpu_seconds()
         phases = phase_timer.per_step(mark.phases, self.phase_totals()) if self.phases else {}
-        cpu_ms = {role: 1e3 * (cpu_after[role] - mark.cpu[role]) / level.prompts for role in CPU_ROLES}
+        count = level.prompts if served is None else served
+        cpu_ms = {role: 1e3 * (cpu_after[role] - mark.cpu[role]) / count for role in CPU_ROLES}
         log = self.server.log_text()[mark.seen :]
         if log_prefix is not None:
             slug = re.sub(r"[^\w]+", "-", level.name).strip("-")
@@ -844,8 +889,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--interleave",
         action="store_true",
-        help="concurrency-1 levels: one client run per level whose requests alternate between the two servers "
-        "(ABBA), each server's numbers from its own requests (see the module doc)",
+        help="single-tenant levels: one client run per level whose blocks of requests alternate between the two "
+        "servers (ABBA), each server's numbers from its own requests (see the module doc)",
+    )
+    p.add_argument(
+        "--block",
+        type=int,
+        default=0,
+        help="with --interleave: requests per block (default: 1 at concurrency 1, 6 per client above)",
     )
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second with --profile")
@@ -933,8 +984,9 @@ def main(argv: list[str] | None = None) -> int:
                     # after a start.
                     turn = order if (n + k) % 2 == 0 else tuple(reversed(order))
                     if args.interleave:
+                        size = block_size(args.block, level.concurrency)
                         pair = run_pair(servers, level, level_seed(seed, n, k, len(levels)), turn[0],
-                                        lambda name, k=k: logs(name, k))  # fmt: skip
+                                        lambda name, k=k: logs(name, k), size)  # fmt: skip
                         for name in turn:
                             record(name, level, pair[name])
                         continue

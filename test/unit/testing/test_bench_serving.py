@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -98,44 +99,70 @@ def test_interleaved_requests_alternate_abba(bench: ModuleType) -> None:
 
 
 def test_split_route_drops_warmups_and_refuses_failures(bench: ModuleType) -> None:
-    def row(k: int, slot: int, latency: float, success: bool = True) -> str:
+    def row(k: int, slot: int, latency: float, success: bool = True, block: int = 0, start: float = 0.0) -> str:
         return json.dumps(
-            {"k": k, "slot": slot, "success": success, "latency": latency, "ttft": latency / 4, "itl": [0.01] * 3,
-             "error": "" if success else "refused"}
+            {"k": k, "block": block if k >= 2 else -1, "slot": slot, "success": success, "start": start,
+             "latency": latency, "ttft": latency / 4, "itl": [0.01] * 3, "error": "" if success else "refused"}
         )  # fmt: skip
 
     warmups = [row(0, 0, 9.0), row(1, 1, 9.0)]  # slow warm-ups, which would move both rates if counted
-    lines = [*warmups, row(2, 1, 0.2), row(3, 0, 0.1), row(4, 0, 0.3), row(5, 1, 0.2)]
+    lines = [*warmups, row(2, 1, 0.2, block=0), row(3, 0, 0.1, block=1), row(4, 0, 0.3, block=2)]
+    lines.append(row(5, 1, 0.2, block=3))
     first, second = bench.split_route(lines)
-    assert first.latencies == [0.1, 0.3] and first.rate == pytest.approx(5.0)
+    assert first.latencies == [0.1, 0.3] and first.rate == pytest.approx(5.0)  # one request a block: 1 / mean latency
     assert second.latencies == [0.2, 0.2] and second.rate == pytest.approx(5.0)
     assert first.ttfts == [0.025, 0.075] and len(second.itls) == 6
+    # two blocks of two overlapping requests each: 4 requests over the blocks' spans (0.3 s + 0.5 s)
+    blocks = [row(2, 0, 0.2, block=0, start=1.0), row(3, 0, 0.2, block=0, start=1.1)]
+    blocks.append(row(4, 1, 0.1, block=1, start=2.0))
+    blocks += [row(5, 0, 0.4, block=3, start=4.0), row(6, 0, 0.3, block=3, start=4.2)]
+    assert bench.split_route([*warmups, *blocks])[0].rate == pytest.approx(4 / 0.8)
     with pytest.raises(RuntimeError, match="request 3 to slot 0 failed: refused"):
         bench.split_route([*warmups, row(2, 1, 0.2), row(3, 0, 0.1, success=False)])
     with pytest.raises(RuntimeError, match="slot 1 served no measured request"):
         bench.split_route([*warmups, row(3, 0, 0.1)])
 
 
-def test_interleaved_client_routes_each_request_with_its_servers_key(bench: ModuleType, tmp_path: Path) -> None:
+def test_blocks_follow_the_warmups(bench: ModuleType) -> None:
+    assert [bench.block_of(k, 3) for k in range(9)] == [-1, -1, 0, 0, 0, 1, 1, 1, 2]
+    assert bench.block_size(0, 1) == 1 and bench.block_size(0, 8) == 48 and bench.block_size(5, 8) == 5
+
+
+@pytest.mark.parametrize(("concurrency", "block"), [(1, 1), (2, 4)])
+def test_interleaved_client_routes_each_block_with_its_servers_key(
+    bench: ModuleType, tmp_path: Path, concurrency: int, block: int
+) -> None:
     """The real sglang.bench_serving client process, against two local servers that stream a short answer: each
-    gets its share of the requests in ABBA order, with its own key or none; the ready check asks the first server
-    (which, like sglang-iso's gate, answers 401 without its key)."""
+    gets its blocks in ABBA order, with its own key or none, a block only once the other server has nothing in
+    flight; the ready check asks the first server (which, like sglang-iso's gate, answers 401 without its key)."""
     seen: list[tuple[int, str | None]] = []
     seen_get: list[tuple[int, str | None]] = []
+    in_flight = [0, 0]
+    overlaps: list[tuple[int, int]] = []  # (own, other server's) requests in flight as each request arrived
+    lock = threading.Lock()
 
     def serve(index: int) -> http.server.ThreadingHTTPServer:
         class Generate(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                seen.append((index, self.headers.get("Authorization")))
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-                steps = int(body["sampling_params"]["max_new_tokens"])
-                for n in range(1, steps + 1):
-                    chunk = {"text": "x" * n, "meta_info": {"completion_tokens": n, "prompt_tokens": 8}}
-                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self.wfile.write(b"data: [DONE]\n\n")
+                with lock:
+                    seen.append((index, self.headers.get("Authorization")))
+                    overlaps.append((in_flight[index], in_flight[1 - index]))
+                    in_flight[index] += 1
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    steps = int(body["sampling_params"]["max_new_tokens"])
+                    for n in range(1, steps + 1):
+                        chunk = {"text": "x" * n, "meta_info": {"completion_tokens": n, "prompt_tokens": 8}}
+                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                        time.sleep(0.001)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                finally:
+                    with lock:
+                        in_flight[index] -= 1
 
             def do_GET(self) -> None:  # the client's ready check (/v1/models) and its closing /server_info
                 seen_get.append((index, self.headers.get("Authorization")))
@@ -157,14 +184,21 @@ def test_interleaved_client_routes_each_request_with_its_servers_key(bench: Modu
     try:
         urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
         slots = [(urls[0], "k-iso"), (urls[1], None)]
-        level = bench.Level("random", 1, 1)
-        served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, first=0)
+        level = bench.Level("random", concurrency, 1)
+        served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, first=0, block=block)
     finally:
         for server in servers:
             server.shutdown()
-    measured = seen[bench.INTERLEAVE_WARMUPS :]
-    assert [index for index, _ in seen[:8]] == [bench.slot_of(k, 0) for k in range(8)]
+    warm = bench.INTERLEAVE_WARMUPS
+    # (the two warm-ups, one per server, run at once at concurrency 2)
+    assert sorted(index for index, _ in seen[:warm]) == sorted(bench.slot_of(k, 0) for k in range(warm))
+    expected = [bench.slot_of(j // block, 0) for j in range(8 * block)]
+    assert [index for index, _ in seen[warm : warm + len(expected)]] == expected
     assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key in seen), seen
     assert seen_get and all(got == (0, "Bearer k-iso") for got in seen_get), seen_get  # the first slot, keyed
-    assert len(measured) == 2 * level.prompts and [len(s.latencies) for s in served] == [level.prompts] * 2
+    per_server = len(seen[warm:]) // 2
+    assert per_server >= level.prompts and [len(s.latencies) for s in served] == [per_server] * 2
     assert all(s.rate > 0 and len(s.itls) == len(s.ttfts) * 15 for s in served)
+    assert all(other == 0 for _, other in overlaps[warm:]), overlaps  # never both servers at once
+    if concurrency > 1:  # positive control: within a block the client's concurrency is used
+        assert any(own > 0 for own, _ in overlaps[warm:]), overlaps
