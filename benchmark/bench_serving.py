@@ -51,14 +51,17 @@ intake, batch selection, the forward with and without what runs before it, resul
 operations, and sglang-iso's owner check and scrub), read from ``/get_server_info`` before and after each run: the
 share of each part measured where it runs, without sampling.
 
-``--interleave`` (single-tenant levels at concurrency 1): the pairs are single requests. Each level run is one
-client process whose requests alternate between the two servers in ABBA order (``slot_of``), ``2 x`` the level's
-prompts, two warm-up requests (one each) left out; each server's numbers are sglang.bench_serving's own per-request
-timings of its requests (TTFT, inter-token gaps, end-to-end latency), and its throughput is 1 / its mean end-to-end
-latency, the rate of a concurrency-1 client sending to it alone. This machine's speed drifts by tens of per cent
-within seconds (a level run on one server, then on the other, reads 5-11 req/s on one server); alternating request
-by request puts both servers under the same drift, leaving only what differs between server starts. Only one server
-works at a time, as in the level-by-level pairs.
+``--interleave`` (single-tenant levels): the pairs are blocks of requests, one per server, seconds or less apart.
+Each level run is one client process whose blocks of ``--block`` requests (default: 1 at concurrency 1, 6 per client
+above) alternate between the two servers in ABBA order (``slot_of``), a block sent only once the other server has
+nothing in flight (so only one server works at a time, at the level's concurrency within a block), at least the
+level's prompts per server, in whole blocks, two warm-up requests (one each) left out. Each server's numbers are
+sglang.bench_serving's own per-request timings of its requests (TTFT, inter-token gaps, end-to-end latency); its
+throughput is its requests over the summed wall time of its blocks (at concurrency 1: 1 / its mean end-to-end
+latency, the rate of a client sending to it alone). This machine's speed drifts by tens of per cent within seconds (a
+level run on one server, then on the other, reads 5-11 req/s on either); alternating block by block puts both
+servers under the same drift, leaving what differs between server starts. A block ends with its last requests
+running alone, so above concurrency 1 both servers are measured with the same ramps at each block's end and start.
 
 ``--control`` starts plain upstream in both slots (the ``iso`` column is then a second upstream, started, warmed up,
 frozen and sent requests as the first): an A/A run, whose per-start ratios show the harness's own bias and spread at
