@@ -923,12 +923,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.rounds < 1 or not levels or not 1 <= args.repeats <= 99:
         p.error("--rounds >= 1, --repeats 1-99 and at least one level")
-    if args.interleave and (
-        args.schedule != "paired"
-        or profile_dir is not None
-        or any(lv.concurrency != 1 or lv.tenants != 1 for lv in levels)
-    ):
-        p.error("--interleave takes single-tenant concurrency-1 levels, the paired schedule and no --profile")
+    solo = all(lv.tenants == 1 for lv in levels)
+    if args.interleave and (args.schedule != "paired" or profile_dir is not None or not solo or args.block < 0):
+        p.error("--interleave takes single-tenant levels, the paired schedule, --block >= 0 and no --profile")
     if args.control:
         print("control run: plain upstream in both slots (the iso column is a second upstream)", flush=True)
     iso_args = tuple(shlex.split(args.iso_args))
