@@ -202,3 +202,39 @@ def test_interleaved_client_routes_each_block_with_its_servers_key(
     assert all(other == 0 for _, other in overlaps[warm:]), overlaps  # never both servers at once
     if concurrency > 1:  # positive control: within a block the client's concurrency is used
         assert any(own > 0 for own, _ in overlaps[warm:]), overlaps
+
+
+def test_interleave_runs_every_single_tenant_level_in_blocks(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``main`` with ``--interleave``: each level of each round is one interleaved pair, blocks sized by its
+    concurrency; a many-tenant level is refused."""
+    calls: list[tuple[str, int, str, int]] = []
+
+    class Fake:
+        def __init__(self, name: str, *args: object) -> None:
+            self.name = name
+
+        def start(self, seed: int) -> Fake:
+            return self
+
+        def stop(self) -> None:
+            pass
+
+    def pair(servers: dict, level: object, seed: int, first: str, logs: object, block: int) -> dict:
+        calls.append((level.name, seed, first, block))  # type: ignore[attr-defined]
+        cpu = dict.fromkeys(bench.CPU_ROLES, 1.0)
+        made = bench.Batches(10, 2, 1.0, 1.0, 1)
+        return {n: bench.LevelRun(5.0, [0.1, 0.2], [0.01], 50.0, made, cpu, {}) for n in servers}
+
+    monkeypatch.setattr(bench, "BenchServer", Fake)
+    monkeypatch.setattr(bench, "run_pair", pair)
+    out = tmp_path / "pooled.json"
+    argv = ["--interleave", "--rounds", "2", "--levels", "gsp:8,random:1", "--plot", "", "--json", str(out)]
+    assert bench.main(argv) == 0
+    assert [(name, block) for name, _, _, block in calls] == [("gsp c=8", 48), ("random c=1", 1)] * 2
+    assert len({seed for _, seed, _, _ in calls}) == 4 and {first for *_, first, _ in calls} == {"upstream", "iso"}
+    pooled = json.loads(out.read_text())
+    assert pooled["iso"]["gsp c=8"]["throughput"] == [5.0, 5.0]
+    with pytest.raises(SystemExit):
+        bench.main(["--interleave", "--levels", "gsp:8x8", "--plot", ""])
