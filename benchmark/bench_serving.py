@@ -124,6 +124,8 @@ ROUTE_ENV = "SGLANG_ISO_BENCH_ROUTE"
 """``--interleave``: the client process's route, JSON ``{"slots": [[base URL, key or null], ...], "first": 0 or 1,
 "block": requests per block, "out": path}``: measured block b goes to slot :func:`slot_of` (b, first), once no
 earlier block has a request in flight; each request's numbers are appended to ``out``."""
+ROUTE_FILE = "route.jsonl"
+"""``--interleave``: the client's per-request numbers, in the run's work directory."""
 INTERLEAVE_WARMUPS = 2
 """``--interleave``: sglang.bench_serving's warm-up requests (one per server, by :func:`slot_of`), not counted."""
 DEFAULT_LEVELS = "gsp:1,gsp:8,gsp:32,random:8,gsp:8x8,gsp:32x8"
@@ -388,7 +390,7 @@ def run_interleaved(
     servers ``slots`` (base URL, key or None) in :func:`slot_of` order, a block starting once the one before has
     finished, at least ``level.prompts`` measured requests each (whole blocks, as many per server); each server's
     numbers (sglang.bench_serving's own per-request timings, recorded as its request function returns them)."""
-    route = workdir / "route.jsonl"
+    route = workdir / ROUTE_FILE
     route.unlink(missing_ok=True)
     spec = {"slots": [list(slot) for slot in slots], "first": first, "block": block, "out": str(route)}
     blocks = 2 * math.ceil(level.prompts / block)
@@ -453,6 +455,7 @@ def client_main(bench_argv: list[str]) -> None:
     route = json.loads(os.environ[ROUTE_ENV]) if os.environ.get(ROUTE_ENV) else None
     calls = itertools.count()
     entered: dict[int, int] = {}  # --interleave: requests of each block begun and not finished
+    rows: list[str] = []  # --interleave: each request's numbers, for the route file
     turns = asyncio.Condition()
     next_key = itertools.cycle(keys)
     owner: dict[str, str] = {}
@@ -492,8 +495,7 @@ def client_main(bench_argv: list[str]) -> None:
                 turns.notify_all()
         row = {"k": k, "block": block, "slot": slot, "success": got.success, "start": got.start_time,
                "latency": got.latency, "ttft": got.ttft, "itl": got.itl, "error": got.error}  # fmt: skip
-        with open(route["out"], "a") as f:
-            f.write(json.dumps(row) + "\n")
+        rows.append(json.dumps(row))  # (written once the run is over: no file work between requests)
         return got
 
     # NOTE: outside a request (the ready check, the closing /server_info) the key of the server asked: the first
@@ -508,7 +510,11 @@ def client_main(bench_argv: list[str]) -> None:
     client.ASYNC_REQUEST_FUNCS["sglang"] = keyed
     client.get_auth_headers = headers
     sys.argv = ["sglang.bench_serving", *bench_argv]
-    client.cli_main()
+    try:
+        client.cli_main()
+    finally:
+        if route is not None:
+            Path(route["out"]).write_text("".join(f"{row}\n" for row in rows))
 
 
 def prefill_tokens(log: str) -> tuple[int, int]:
@@ -578,7 +584,7 @@ def run_pair(
     marks = {n: servers[n].mark() for n in names}
     workdir = servers[first].workdir
     served = run_interleaved([servers[n].slot() for n in names], level, seed, workdir, first=0, block=block)
-    route = workdir / "route.jsonl"
+    route = workdir / ROUTE_FILE
     return {
         n: servers[n].finish(
             marks[n], level, got.rate, got.ttfts, got.itls, log_prefix(n), route, served=len(got.latencies)
