@@ -51,7 +51,7 @@ intake, batch selection, the forward with and without what runs before it, resul
 operations, and sglang-iso's owner check and scrub), read from ``/get_server_info`` before and after each run: the
 share of each part measured where it runs, without sampling.
 
-``--interleave`` (single-tenant levels): the pairs are blocks of requests, one per server, seconds or less apart.
+``--interleave``: the pairs are blocks of requests, one per server, seconds or less apart.
 Each level run is one client process whose blocks of ``--block`` requests (default: 1 at concurrency 1, 6 per client
 above) alternate between the two servers in ABBA order (``slot_of``), a block sent only once the other server has
 nothing in flight (so only one server works at a time, at the level's concurrency within a block), at least the
@@ -62,6 +62,8 @@ latency, the rate of a client sending to it alone). This machine's speed drifts 
 level run on one server, then on the other, reads 5-11 req/s on either); alternating block by block puts both
 servers under the same drift, leaving what differs between server starts. A block ends with its last requests
 running alone, so above concurrency 1 both servers are measured with the same ramps at each block's end and start.
+A many-tenant level gives each shared prefix its tenant in order of first use (:func:`tenant_key`), the same on both
+servers: sglang-iso gets that tenant's key, upstream none.
 
 ``--control`` starts plain upstream in both slots (the ``iso`` column is then a second upstream, started, warmed up,
 frozen and sent requests as the first): an A/A run, whose per-start ratios show the harness's own bias and spread at
@@ -121,9 +123,10 @@ TENANTS = 8
 KEYS_ENV = "SGLANG_ISO_BENCH_KEYS"
 """The tenant keys of a many-tenant level, for the client process (comma-separated)."""
 ROUTE_ENV = "SGLANG_ISO_BENCH_ROUTE"
-"""``--interleave``: the client process's route, JSON ``{"slots": [[base URL, key or null], ...], "first": 0 or 1,
+"""``--interleave``: the client process's route, JSON ``{"slots": [[base URL, [key, ...]], ...], "first": 0 or 1,
 "block": requests per block, "out": path}``: measured block b goes to slot :func:`slot_of` (b, first), once no
-earlier block has a request in flight; each request's numbers are appended to ``out``."""
+earlier block has a request in flight, with the slot's key of the request's tenant (:func:`tenant_key`; no key for
+an empty list); each request's numbers are written to ``out``."""
 ROUTE_FILE = "route.jsonl"
 """``--interleave``: the client's per-request numbers, in the run's work directory."""
 INTERLEAVE_WARMUPS = 2
@@ -222,6 +225,12 @@ def block_of(k: int, size: int) -> int:
     """``--interleave``: the block of the client's k-th request, -1 for a warm-up (:data:`INTERLEAVE_WARMUPS`, each
     its own: request k goes to slot ``slot_of(k)``)."""
     return -1 if k < INTERLEAVE_WARMUPS else (k - INTERLEAVE_WARMUPS) // size
+
+
+def tenant_key(keys: list[str], tenant: int) -> str:
+    """``--interleave``: the key a slot sends for the client's ``tenant``-th shared prefix (in order of first use):
+    the tenants' keys in turn, as :data:`KEYS_ENV` assigns them; "" (no key) for a keyless slot."""
+    return keys[tenant % len(keys)] if keys else ""
 
 
 def block_size(block: int, concurrency: int) -> int:
@@ -384,15 +393,16 @@ def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir
 
 
 def run_interleaved(
-    slots: list[tuple[str, str | None]], level: Level, seed: int, workdir: Path, first: int, block: int = 1
+    slots: list[tuple[str, list[str]]], level: Level, seed: int, workdir: Path, first: int, block: int = 1
 ) -> list[Served]:
     """``--interleave``: one client run of ``level`` whose blocks of ``block`` requests alternate between the two
-    servers ``slots`` (base URL, key or None) in :func:`slot_of` order, a block starting once the one before has
-    finished, at least ``level.prompts`` measured requests each (whole blocks, as many per server); each server's
-    numbers (sglang.bench_serving's own per-request timings, recorded as its request function returns them)."""
+    servers ``slots`` (base URL, its keys: one per tenant, none for upstream) in :func:`slot_of` order, a block
+    starting once the one before has finished, at least ``level.prompts`` measured requests each (whole blocks, as
+    many per server); each server's numbers (sglang.bench_serving's own per-request timings, recorded as its request
+    function returns them)."""
     route = workdir / ROUTE_FILE
     route.unlink(missing_ok=True)
-    spec = {"slots": [list(slot) for slot in slots], "first": first, "block": block, "out": str(route)}
+    spec = {"slots": [[url, list(keys)] for url, keys in slots], "first": first, "block": block, "out": str(route)}
     blocks = 2 * math.ceil(level.prompts / block)
     blocks += blocks % 4 and 4 - blocks % 4  # (ABBA: whole groups of four)
     _bench(
@@ -455,6 +465,7 @@ def client_main(bench_argv: list[str]) -> None:
     route = json.loads(os.environ[ROUTE_ENV]) if os.environ.get(ROUTE_ENV) else None
     calls = itertools.count()
     entered: dict[int, int] = {}  # --interleave: requests of each block begun and not finished
+    tenant_of: dict[str, int] = {}  # --interleave: each shared prefix's tenant, in order of first use
     rows: list[str] = []  # --interleave: each request's numbers, for the route file
     turns = asyncio.Condition()
     next_key = itertools.cycle(keys)
@@ -463,18 +474,22 @@ def client_main(bench_argv: list[str]) -> None:
     request = client.ASYNC_REQUEST_FUNCS["sglang"]
     own_headers = client.get_auth_headers
 
+    def prefix_of(request_func_input: Any) -> str:
+        prompt = request_func_input.prompt
+        return prompt[:64] if isinstance(prompt, str) else str(prompt)[:64]
+
     async def keyed(request_func_input: Any, pbar: Any = None) -> Any:
         if route is not None:
             return await routed(request_func_input, pbar)
-        prompt = request_func_input.prompt
-        prefix = prompt[:64] if isinstance(prompt, str) else str(prompt)[:64]
+        prefix = prefix_of(request_func_input)
         if keys:
             current.set(owner.setdefault(prefix, next(next_key)))  # NOTE: each request runs in its own task
         return await request(request_func_input=request_func_input, pbar=pbar)
 
     async def routed(request_func_input: Any, pbar: Any) -> Any:
         """``--interleave``: request k in block :func:`block_of` (k) to server :func:`slot_of` (block), sent once no
-        earlier block has a request in flight; its own numbers appended to the route file."""
+        earlier block has a request in flight, with that server's key of the request's tenant; its own numbers kept
+        for the route file."""
         k = next(calls)
         block = block_of(k, int(route["block"]))
         slot = slot_of(k if block < 0 else block, int(route["first"]))
@@ -482,8 +497,9 @@ def client_main(bench_argv: list[str]) -> None:
         try:
             async with turns:
                 await turns.wait_for(lambda: min(entered) == block)
-            base, key = route["slots"][slot]
-            current.set(key or "")  # ("": this request goes without a key)
+            base, slot_keys = route["slots"][slot]
+            tenant = tenant_of.setdefault(prefix_of(request_func_input), len(tenant_of))
+            current.set(tenant_key(slot_keys, tenant))  # ("": this request goes without a key)
             path = urllib.parse.urlsplit(request_func_input.api_url).path
             sent = dataclasses.replace(request_func_input, api_url=base + path)
             got = await request(request_func_input=sent, pbar=pbar)
@@ -500,7 +516,7 @@ def client_main(bench_argv: list[str]) -> None:
 
     # NOTE: outside a request (the ready check, the closing /server_info) the key of the server asked: the first
     # key, or with --interleave the first slot's ("": none).
-    outside = (route["slots"][0][1] or "") if route is not None else (keys[0] if keys else None)
+    outside = tenant_key(route["slots"][0][1], 0) if route is not None else (keys[0] if keys else None)
 
     def headers() -> dict[str, str]:
         key = current.get()
@@ -583,7 +599,7 @@ def run_pair(
     names = [first, *(n for n in servers if n != first)]
     marks = {n: servers[n].mark() for n in names}
     workdir = servers[first].workdir
-    served = run_interleaved([servers[n].slot() for n in names], level, seed, workdir, first=0, block=block)
+    served = run_interleaved([servers[n].slot(level) for n in names], level, seed, workdir, first=0, block=block)
     route = workdir / ROUTE_FILE
     return {
         n: servers[n].finish(
@@ -655,9 +671,11 @@ class BenchServer:
         details = self.workdir / f"{level.dataset}-{level.concurrency}-{level.tenants}.jsonl"
         return self.finish(mark, level, rate, ttfts, itls, log_prefix, details)
 
-    def slot(self) -> tuple[str, str | None]:
-        """This server in an interleaved run: its base URL and the single-tenant key (None: upstream)."""
-        return self.server.base_url, self.solo if self.iso else None
+    def slot(self, level: Level) -> tuple[str, list[str]]:
+        """This server in an interleaved run of ``level``: its base URL and the level's keys (none: upstream)."""
+        if not self.iso:
+            return self.server.base_url, []
+        return self.server.base_url, [self.solo] if level.tenants == 1 else list(self.many)
 
     def mark(self) -> _Mark:
         """Where this server stands before a run (its log, CPU and phase totals)."""
@@ -898,8 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--interleave",
         action="store_true",
-        help="single-tenant levels: one client run per level whose blocks of requests alternate between the two "
-        "servers (ABBA), each server's numbers from its own requests (see the module doc)",
+        help="one client run per level whose blocks of requests alternate between the two servers (ABBA), each "
+        "server's numbers from its own requests (see the module doc)",
     )
     p.add_argument(
         "--block",
@@ -929,9 +947,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     if args.rounds < 1 or not levels or not 1 <= args.repeats <= 99:
         p.error("--rounds >= 1, --repeats 1-99 and at least one level")
-    solo = all(lv.tenants == 1 for lv in levels)
-    if args.interleave and (args.schedule != "paired" or profile_dir is not None or not solo or args.block < 0):
-        p.error("--interleave takes single-tenant levels, the paired schedule, --block >= 0 and no --profile")
+    if args.interleave and (args.schedule != "paired" or profile_dir is not None or args.block < 0):
+        p.error("--interleave takes the paired schedule, --block >= 0 and no --profile")
     if args.control:
         print("control run: plain upstream in both slots (the iso column is a second upstream)", flush=True)
     iso_args = tuple(shlex.split(args.iso_args))

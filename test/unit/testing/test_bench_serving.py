@@ -128,27 +128,37 @@ def test_blocks_follow_the_warmups(bench: ModuleType) -> None:
     assert bench.block_size(0, 1) == 1 and bench.block_size(0, 8) == 48 and bench.block_size(5, 8) == 5
 
 
-@pytest.mark.parametrize(("concurrency", "block"), [(1, 1), (2, 4)])
-def test_interleaved_client_routes_each_block_with_its_servers_key(
-    bench: ModuleType, tmp_path: Path, concurrency: int, block: int
-) -> None:
-    """The real sglang.bench_serving client process, against two local servers that stream a short answer: each
-    gets its blocks in ABBA order, with its own key or none, a block only once the other server has nothing in
-    flight; the ready check asks the first server (which, like sglang-iso's gate, answers 401 without its key)."""
-    seen: list[tuple[int, str | None]] = []
-    seen_get: list[tuple[int, str | None]] = []
-    in_flight = [0, 0]
-    overlaps: list[tuple[int, int]] = []  # (own, other server's) requests in flight as each request arrived
-    lock = threading.Lock()
+class FakePair:
+    """Two local servers that stream a short answer the way SGLang's ``/generate`` does; what each request carried.
 
-    def serve(index: int) -> http.server.ThreadingHTTPServer:
+    The first answers its ready check 401 without one of ``first_keys`` (as sglang-iso's gate does)."""
+
+    def __init__(self, first_keys: list[str]) -> None:
+        self.seen: list[tuple[int, str | None, str]] = []  # (server, Authorization, the prompt's first 64 chars)
+        self.seen_get: list[tuple[int, str | None]] = []
+        self.in_flight = [0, 0]
+        self.overlaps: list[tuple[int, int]] = []  # (own, other server's) requests in flight as each one arrived
+        self.first_keys = [f"Bearer {k}" for k in first_keys]
+        self.lock = threading.Lock()
+        self.servers = [self._serve(0), self._serve(1)]
+        self.urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in self.servers]
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.shutdown()
+
+    def _serve(self, index: int) -> http.server.ThreadingHTTPServer:
+        pair = self
+
         class Generate(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    seen.append((index, self.headers.get("Authorization")))
-                    overlaps.append((in_flight[index], in_flight[1 - index]))
-                    in_flight[index] += 1
+                prompt = body.get("text") if body.get("text") is not None else body.get("input_ids")
+                prefix = prompt[:64] if isinstance(prompt, str) else str(prompt)[:64]
+                with pair.lock:
+                    pair.seen.append((index, self.headers.get("Authorization"), prefix))
+                    pair.overlaps.append((pair.in_flight[index], pair.in_flight[1 - index]))
+                    pair.in_flight[index] += 1
                 try:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
@@ -161,12 +171,12 @@ def test_interleaved_client_routes_each_block_with_its_servers_key(
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                 finally:
-                    with lock:
-                        in_flight[index] -= 1
+                    with pair.lock:
+                        pair.in_flight[index] -= 1
 
             def do_GET(self) -> None:  # the client's ready check (/v1/models) and its closing /server_info
-                seen_get.append((index, self.headers.get("Authorization")))
-                keyed = index != 0 or self.headers.get("Authorization") == "Bearer k-iso"  # (a gate's 401)
+                pair.seen_get.append((index, self.headers.get("Authorization")))
+                keyed = index != 0 or self.headers.get("Authorization") in pair.first_keys  # (a gate's 401)
                 ready = self.path == "/v1/models" and keyed
                 self.send_response(200 if ready else 401 if not keyed else 404)
                 self.send_header("Content-Type", "application/json")
@@ -180,21 +190,28 @@ def test_interleaved_client_routes_each_block_with_its_servers_key(
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
 
-    servers = [serve(0), serve(1)]
+
+@pytest.mark.parametrize(("concurrency", "block"), [(1, 1), (2, 4)])
+def test_interleaved_client_routes_each_block_with_its_servers_key(
+    bench: ModuleType, tmp_path: Path, concurrency: int, block: int
+) -> None:
+    """The real sglang.bench_serving client process, against two local servers: each gets its blocks in ABBA order,
+    with its own key or none, a block only once the other server has nothing in flight; the ready check asks the
+    first server (which, like sglang-iso's gate, answers 401 without its key)."""
+    pair = FakePair(["k-iso"])
     try:
-        urls = [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-        slots = [(urls[0], "k-iso"), (urls[1], None)]
         level = bench.Level("random", concurrency, 1)
+        slots = [(pair.urls[0], ["k-iso"]), (pair.urls[1], [])]
         served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, first=0, block=block)
     finally:
-        for server in servers:
-            server.shutdown()
+        pair.close()
+    seen, seen_get, overlaps = pair.seen, pair.seen_get, pair.overlaps
     warm = bench.INTERLEAVE_WARMUPS
     # (the two warm-ups, one per server, run at once at concurrency 2)
-    assert sorted(index for index, _ in seen[:warm]) == sorted(bench.slot_of(k, 0) for k in range(warm))
+    assert sorted(index for index, *_ in seen[:warm]) == sorted(bench.slot_of(k, 0) for k in range(warm))
     expected = [bench.slot_of(j // block, 0) for j in range(8 * block)]
-    assert [index for index, _ in seen[warm : warm + len(expected)]] == expected
-    assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key in seen), seen
+    assert [index for index, *_ in seen[warm : warm + len(expected)]] == expected
+    assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key, _ in seen), seen
     assert seen_get and all(got == (0, "Bearer k-iso") for got in seen_get), seen_get  # the first slot, keyed
     per_server = len(seen[warm:]) // 2
     assert per_server >= level.prompts and [len(s.latencies) for s in served] == [per_server] * 2
@@ -204,11 +221,42 @@ def test_interleaved_client_routes_each_block_with_its_servers_key(
         assert any(own > 0 for own, _ in overlaps[warm:]), overlaps
 
 
-def test_interleave_runs_every_single_tenant_level_in_blocks(
+def test_interleaved_client_gives_each_shared_prefix_one_tenant_on_both_servers(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """A many-tenant level: every request of one shared prefix (a generated-shared-prefix group) carries the same
+    tenant's key on either server (each server with its own keys), the tenants take turns; a keyless slot sends none."""
+    level = bench.Level("gsp", 3, 3)
+    pair = FakePair(["a0", "a1", "a2"])
+    try:
+        slots = [(pair.urls[0], ["a0", "a1", "a2"]), (pair.urls[1], ["b0", "b1", "b2"])]
+        bench.run_interleaved(slots, level, seed=5, workdir=tmp_path, first=0, block=3)
+    finally:
+        pair.close()
+    tenant: dict[str, set[str]] = {}
+    servers: dict[str, set[int]] = {}
+    for index, key, prefix in pair.seen:
+        assert key is not None and key.startswith(f"Bearer {'ab'[index]}"), (index, key)
+        tenant.setdefault(prefix, set()).add(key[-1])
+        servers.setdefault(prefix, set()).add(index)
+    assert len(tenant) == 8 and all(len(ids) == 1 for ids in tenant.values()), tenant  # one tenant per group
+    assert {next(iter(ids)) for ids in tenant.values()} == {"0", "1", "2"}  # the tenants take turns
+    assert any(seen_by == {0, 1} for seen_by in servers.values())  # (groups that both servers served)
+
+    keyless = FakePair(["a0"])
+    try:
+        slots = [(keyless.urls[0], ["a0"]), (keyless.urls[1], [])]
+        bench.run_interleaved(slots, level, seed=6, workdir=tmp_path, first=0, block=3)
+    finally:
+        keyless.close()
+    assert {(index, key) for index, key, _ in keyless.seen} == {(0, "Bearer a0"), (1, None)}
+
+
+def test_interleave_runs_every_level_in_blocks(
     bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``main`` with ``--interleave``: each level of each round is one interleaved pair, blocks sized by its
-    concurrency; a many-tenant level is refused."""
+    concurrency; another schedule is refused."""
     calls: list[tuple[str, int, str, int]] = []
 
     class Fake:
@@ -230,11 +278,12 @@ def test_interleave_runs_every_single_tenant_level_in_blocks(
     monkeypatch.setattr(bench, "BenchServer", Fake)
     monkeypatch.setattr(bench, "run_pair", pair)
     out = tmp_path / "pooled.json"
-    argv = ["--interleave", "--rounds", "2", "--levels", "gsp:8,random:1", "--plot", "", "--json", str(out)]
+    argv = ["--interleave", "--rounds", "2", "--levels", "gsp:8,random:1,gsp:16x8", "--plot", "", "--json", str(out)]
     assert bench.main(argv) == 0
-    assert [(name, block) for name, _, _, block in calls] == [("gsp c=8", 48), ("random c=1", 1)] * 2
-    assert len({seed for _, seed, _, _ in calls}) == 4 and {first for *_, first, _ in calls} == {"upstream", "iso"}
+    per_round = [("gsp c=8", 48), ("random c=1", 1), ("gsp c=16 x8 tenants", 96)]
+    assert [(name, block) for name, _, _, block in calls] == per_round * 2
+    assert len({seed for _, seed, _, _ in calls}) == 6 and {first for *_, first, _ in calls} == {"upstream", "iso"}
     pooled = json.loads(out.read_text())
     assert pooled["iso"]["gsp c=8"]["throughput"] == [5.0, 5.0]
     with pytest.raises(SystemExit):
-        bench.main(["--interleave", "--levels", "gsp:8x8", "--plot", ""])
+        bench.main(["--interleave", "--schedule", "sequential", "--levels", "gsp:8", "--plot", ""])
