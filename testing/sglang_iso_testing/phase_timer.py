@@ -15,6 +15,10 @@ too and both servers of a benchmark are timed by the same code at the same point
 * the tree cache's ``match_prefix``, ``insert``, ``evict_for_alloc`` (what the allocator calls when short; upstream's
   tree evicts inside it, sglang-iso's through ``evict``), ``evict`` and ``checkpoint``, the owner check
   (``OwnerTable.check_batch``) and the scrub (``KvScrubber.flush``), where present;
+* the owner check's parts on the host route (:data:`_ISO_PARTS`): ``owner_check.host`` (``_clean_on_host``, what
+  reads the batch into host lists around the checks), ``owner_check.decode_verified`` (a decode step decided from
+  its new columns) and ``owner_check.rows_host`` (the windows read in full); what ``owner_check`` holds beyond them
+  is the code around them. Each wrapper adds about a microsecond per call to sglang-iso's server alone;
 * the garbage collector's passes, ``gc.<generation>`` (a ``gc.callbacks`` entry), inside whichever phase ran them.
 
 Each phase accumulates seconds and calls (``time.perf_counter``, scheduler thread; nested phases overlap: a
@@ -62,6 +66,14 @@ _ISO = (
     ("sglang_iso.integration.owner_check:OwnerTable", "check_batch", "owner_check"),
     ("sglang_iso.integration.scrub:KvScrubber", "flush", "scrub"),
 )
+
+_ISO_PARTS = (
+    ("sglang_iso.integration.owner_check:OwnerTable", "_clean_on_host", "owner_check.host"),
+    ("sglang_iso.integration.owner_check", "clean_decode_verified", "owner_check.decode_verified"),
+    ("sglang_iso.integration.owner_check", "clean_rows_host", "owner_check.rows_host"),
+)
+"""The owner check's parts: a class's method (``module:Class``) or a function as the owner check's module calls it
+(``module``: the name it imported)."""
 
 TOTALS: dict[str, list[float]] = {}
 """Phase -> [seconds, calls] in this process (scheduler thread only)."""
@@ -120,6 +132,15 @@ def wrap_method(cls: type, name: str, phase: str) -> bool:
     return True
 
 
+def wrap_name(module: Any, name: str, phase: str) -> bool:
+    """Time the function ``module.name`` as ``phase`` where ``module`` calls it; False when absent or already timed."""
+    fn = getattr(module, name, None)
+    if not callable(fn) or hasattr(fn, "__phase_timer__"):
+        return False
+    setattr(module, name, timed(phase, fn))
+    return True
+
+
 def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: wrap every phase once per process (the classes, after the hooks)."""
     import pkgutil
@@ -148,6 +169,12 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
     for target, name, phase in _ISO:
         # NOTE: the comparison server never builds these: their phases stay at zero calls there.
         wrap_method(pkgutil.resolve_name(target), name, phase)
+    for target, name, phase in _ISO_PARTS:
+        owner = pkgutil.resolve_name(target)
+        if isinstance(owner, type):
+            wrap_method(owner, name, phase)
+        else:
+            wrap_name(owner, name, phase)
     time_gc()
     logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +67,35 @@ def test_wrapping_a_method_twice_times_it_once() -> None:
     assert not phase_timer.wrap_method(Loop, "absent", "absent")
     assert Loop().step() == 7
     assert phase_timer.TOTALS["step"][1] == 1
+
+
+def test_a_function_is_timed_where_its_caller_looks_it_up() -> None:
+    import types
+
+    module = types.ModuleType("caller")
+    module.check = lambda rows: rows * 2  # type: ignore[attr-defined]
+
+    def call(rows: int) -> int:
+        return module.check(rows)  # type: ignore[no-any-return, attr-defined]
+
+    assert call(3) == 6 and "check" not in phase_timer.TOTALS  # positive control: not timed before wrapping
+    assert phase_timer.wrap_name(module, "check", "check")
+    assert not phase_timer.wrap_name(module, "check", "check") and not phase_timer.wrap_name(module, "absent", "x")
+    assert call(3) == 6 and call(4) == 8
+    assert phase_timer.TOTALS["check"][1] == 2
+
+
+def test_the_owner_checks_parts_name_what_the_owner_check_calls() -> None:
+    import pkgutil
+
+    from sglang_iso.integration import owner_check
+
+    for target, name, _phase in phase_timer._ISO_PARTS:
+        owner = pkgutil.resolve_name(target)
+        assert owner in (owner_check, owner_check.OwnerTable) and callable(getattr(owner, name)), (target, name)
+    source = Path(owner_check.__file__).read_text()
+    for _target, name, _phase in phase_timer._ISO_PARTS:
+        assert f"{name}(" in source, name  # (called there, so wrapping the name times the calls)
 
 
 def test_the_collectors_passes_are_timed_by_generation_once_per_process() -> None:
