@@ -123,21 +123,13 @@ def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Call
     return wrapper
 
 
-def wrap_method(cls: type, name: str, phase: str) -> bool:
-    """Time ``cls.name`` (inherited or not) as ``phase``; False when it is absent or already timed."""
-    fn = getattr(cls, name, None)
+def wrap_method(owner: Any, name: str, phase: str) -> bool:
+    """Time ``owner.name`` as ``phase``: a class's method (inherited or not), or a function where a module looks it up
+    (the name it imported); False when it is absent or already timed."""
+    fn = getattr(owner, name, None)
     if not callable(fn) or hasattr(fn, "__phase_timer__"):
         return False
-    setattr(cls, name, timed(phase, fn))
-    return True
-
-
-def wrap_name(module: Any, name: str, phase: str) -> bool:
-    """Time the function ``module.name`` as ``phase`` where ``module`` calls it; False when absent or already timed."""
-    fn = getattr(module, name, None)
-    if not callable(fn) or hasattr(fn, "__phase_timer__"):
-        return False
-    setattr(module, name, timed(phase, fn))
+    setattr(owner, name, timed(phase, fn))
     return True
 
 
@@ -166,15 +158,9 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
     if tree is not None:
         for name in _TREE:
             wrap_method(type(tree), name, f"tree.{name}")
-    for target, name, phase in _ISO:
+    for target, name, phase in (*_ISO, *_ISO_PARTS):
         # NOTE: the comparison server never builds these: their phases stay at zero calls there.
         wrap_method(pkgutil.resolve_name(target), name, phase)
-    for target, name, phase in _ISO_PARTS:
-        owner = pkgutil.resolve_name(target)
-        if isinstance(owner, type):
-            wrap_method(owner, name, phase)
-        else:
-            wrap_name(owner, name, phase)
     time_gc()
     logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
 

@@ -79,8 +79,8 @@ def test_a_function_is_timed_where_its_caller_looks_it_up() -> None:
         return module.check(rows)  # type: ignore[no-any-return, attr-defined]
 
     assert call(3) == 6 and "check" not in phase_timer.TOTALS  # positive control: not timed before wrapping
-    assert phase_timer.wrap_name(module, "check", "check")
-    assert not phase_timer.wrap_name(module, "check", "check") and not phase_timer.wrap_name(module, "absent", "x")
+    assert phase_timer.wrap_method(module, "check", "check")
+    assert not phase_timer.wrap_method(module, "check", "check") and not phase_timer.wrap_method(module, "absent", "x")
     assert call(3) == 6 and call(4) == 8
     assert phase_timer.TOTALS["check"][1] == 2
 
