@@ -49,7 +49,9 @@ distributions side by side. Progress (per level, with an ETA per server) goes to
 loads it too) and adds, per level, the milliseconds per scheduler step of each of the scheduler's phases (request
 intake, batch selection, the forward with and without what runs before it, result processing, the tree's
 operations, and sglang-iso's owner check, with its parts on the host route, and scrub), read from
-``/get_server_info`` before and after each run: the share of each part measured where it runs, without sampling.
+``/get_server_info`` before and after each run: the share of each part measured where it runs, without sampling;
+each phase twice, by wall time and (``<phase>@cpu``) by the scheduler thread's own CPU time, which leaves out the
+time the thread waited for a core.
 
 ``--interleave``: the pairs are blocks of requests, one per server, seconds or less apart.
 Each level run is one client process whose blocks of ``--block`` requests (default: 1 at concurrency 1, 6 per client

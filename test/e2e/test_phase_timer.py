@@ -69,6 +69,10 @@ def test_both_servers_report_their_phases_and_only_sglang_iso_runs_its_own(tmp_p
         assert 0 < model <= forward <= phases[phase_timer.STEP][0], (name, phases)
         assert phases["tree.match_prefix"][1] >= 3, (name, phases)
         assert phases["ingest_requests"][1] >= steps, (name, phases)  # (once per loop turn, busy or not)
+        # each phase's CPU twin: the scheduler thread's own CPU, never more than the wall time around it
+        cpu = phase_timer.CPU
+        assert phases[phase_timer.STEP + cpu][1] == steps, (name, phases)
+        assert 0 < phases["model_runner._forward_raw" + cpu][0] <= model + 0.01, (name, phases)
     checked = got["iso"]
     assert checked["owner_check"][1] == checked[phase_timer.STEP][1]  # before every forward
     # its parts on the host route: every check reads the batch there; a decode step is decided from its new column
@@ -76,5 +80,6 @@ def test_both_servers_report_their_phases_and_only_sglang_iso_runs_its_own(tmp_p
     assert checked["owner_check.host"][1] == checked["owner_check"][1], checked
     assert checked["owner_check.rows_host"][1] >= 1 and checked["owner_check.decode_verified"][1] >= 1, checked
     assert checked["owner_check.host"][0] <= checked["owner_check"][0], checked
+    assert checked["owner_check" + phase_timer.CPU][1] == checked["owner_check"][1], checked
     assert not any(p.startswith(("owner_check", "scrub")) for p in got["upstream"]), got["upstream"]
     assert min(frozen.values()) > 100_000, frozen  # SGLang's start-up heap, out of the collector's reach in both

@@ -23,7 +23,10 @@ too and both servers of a benchmark are timed by the same code at the same point
 
 Each phase accumulates seconds and calls (``time.perf_counter``, scheduler thread; nested phases overlap: a
 phase's time includes the phases it calls, except status reads, ``dispatch.GetInternalStateReq``, which are left
-out of the phases around them, the timer's own reads included). They appear in ``/get_server_info`` under
+out of the phases around them, the timer's own reads included), and beside each phase its CPU twin
+(``<phase>@cpu``: the scheduler thread's own CPU time, ``time.thread_time``; on a machine with fewer cores than
+runnable threads, the wall time of a phase also holds the time other processes ran while it waited, the twin does
+not; the two clock reads add about a microsecond per call). They appear in ``/get_server_info`` under
 ``internal_states[i]["phase_timer"]`` as ``{phase: [seconds, calls]}``; a benchmark reads them before and after
 a run and divides the difference by the ``run_batch`` calls (``benchmark/bench_serving.py --phases``).
 """
@@ -50,6 +53,9 @@ frozen; with ``--skip-server-warmup`` the comparison server's own freeze call ra
 make it, :meth:`~sglang_iso_testing.process.ServerProcess.freeze_gc`)."""
 STEP = "run_batch"
 """The phase per-step numbers are divided by."""
+CPU = "@cpu"
+"""Suffix of each phase's CPU twin: ``"owner_check@cpu"`` is the scheduler thread's own CPU time in ``owner_check``
+(``time.thread_time``), which leaves out the time the thread waited for a core while another process ran."""
 
 _SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
 _MODEL_RUNNER = "sglang.srt.model_executor.model_runner:ModelRunner"
@@ -83,9 +89,11 @@ apart and left out of the phases around it, so reading the totals does not chang
 
 
 class _Excluded:
-    """Seconds spent in status reads so far (subtracted from the phases they ran inside)."""
+    """Seconds (wall, and the thread's CPU) spent in status reads so far (subtracted from the phases they ran
+    inside)."""
 
     seconds = 0.0
+    cpu_seconds = 0.0
 
 
 def plugin_env() -> dict[str, str]:
@@ -103,21 +111,28 @@ def register() -> None:
 
 
 def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Callable[..., Any]:
-    """``fn`` adding its wall time (less the status reads inside it) and one call to ``TOTALS[phase]``; an
-    ``excluded`` phase's time is left out of the phases around it."""
+    """``fn`` adding its wall time (less the status reads inside it) and one call to ``TOTALS[phase]``, and its
+    thread's CPU time (less theirs) to ``TOTALS[phase + CPU]``; an ``excluded`` phase's times are left out of the
+    phases around it."""
     totals = TOTALS.setdefault(phase, [0.0, 0])
+    cpu_totals = TOTALS.setdefault(phase + CPU, [0.0, 0])
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start, before = time.perf_counter(), _Excluded.seconds
+        before, cpu_before = _Excluded.seconds, _Excluded.cpu_seconds
+        start, cpu_start = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             elapsed = time.perf_counter() - start - (_Excluded.seconds - before)
+            cpu = time.thread_time() - cpu_start - (_Excluded.cpu_seconds - cpu_before)
             totals[0] += elapsed
             totals[1] += 1
+            cpu_totals[0] += cpu
+            cpu_totals[1] += 1
             if excluded:
                 _Excluded.seconds += elapsed
+                _Excluded.cpu_seconds += cpu
 
     wrapper.__phase_timer__ = phase  # type: ignore[attr-defined]
     return wrapper
@@ -177,17 +192,20 @@ def time_gc() -> None:
 
 def _gc_pass(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
-        _GcStart.at = time.perf_counter()
+        _GcStart.at, _GcStart.cpu_at = time.perf_counter(), time.thread_time()
         return
-    totals = TOTALS.setdefault(f"gc.{info.get('generation', '?')}", [0.0, 0])
-    totals[0] += time.perf_counter() - _GcStart.at
-    totals[1] += 1
+    name = f"gc.{info.get('generation', '?')}"
+    for key, seconds in ((name, time.perf_counter() - _GcStart.at), (name + CPU, time.thread_time() - _GcStart.cpu_at)):
+        totals = TOTALS.setdefault(key, [0.0, 0])
+        totals[0] += seconds
+        totals[1] += 1
 
 
 class _GcStart:
-    """When the collector's current pass began."""
+    """When the collector's current pass began (wall, and the thread's CPU clock)."""
 
     at = 0.0
+    cpu_at = 0.0
 
 
 def report(result: Any, *_args: Any, **_kwargs: Any) -> None:

@@ -46,6 +46,29 @@ def test_a_status_read_inside_a_phase_is_left_out_of_it() -> None:
     assert phase_timer.TOTALS["process_input_requests"][1] == 2
 
 
+def test_a_phase_s_cpu_twin_counts_the_thread_s_work_not_its_waiting() -> None:
+    waiting = phase_timer.timed("recv_requests", lambda: time.sleep(0.05))
+    working = phase_timer.timed("run_batch", lambda: _sleep(0.05))
+    waiting()
+    working()
+    cpu = phase_timer.CPU
+    assert phase_timer.TOTALS["recv_requests"][0] >= 0.05
+    assert phase_timer.TOTALS["recv_requests" + cpu] == [pytest.approx(0.0, abs=0.02), 1]
+    # positive control: a busy phase's CPU twin holds its time (the machine may take some of it away)
+    assert 0.025 <= phase_timer.TOTALS["run_batch" + cpu][0] <= phase_timer.TOTALS["run_batch"][0] + 0.005
+    assert phase_timer.TOTALS["run_batch" + cpu][1] == 1
+
+
+def test_a_status_read_s_cpu_is_left_out_of_the_phase_around_it() -> None:
+    read = phase_timer.timed("dispatch.GetInternalStateReq", lambda: _sleep(0.05), excluded=True)
+    outer = phase_timer.timed("process_input_requests", lambda: (_sleep(0.01), read()))
+    outer()
+    cpu = phase_timer.CPU
+    assert phase_timer.TOTALS["dispatch.GetInternalStateReq" + cpu][0] >= 0.025
+    assert phase_timer.TOTALS["process_input_requests" + cpu][0] < 0.025, "the status read's CPU was counted"
+    assert phase_timer.TOTALS["process_input_requests" + cpu][0] > 0.0
+
+
 def test_per_step_divides_each_phase_by_the_steps_between_two_reports() -> None:
     before = {"run_batch": [1.0, 10], "owner_check": [0.1, 10], "scrub": [0.5, 3]}
     after = {"run_batch": [3.0, 30], "owner_check": [0.3, 30], "scrub": [0.5, 3], "tree.evict": [0.04, 2]}
@@ -109,6 +132,8 @@ def test_the_collectors_passes_are_timed_by_generation_once_per_process() -> Non
         gc.collect()
         seconds, calls = phase_timer.TOTALS["gc.2"]
         assert calls == before + 1 and seconds > 0
+        cpu_seconds, cpu_calls = phase_timer.TOTALS["gc.2" + phase_timer.CPU]
+        assert cpu_calls == calls and 0 < cpu_seconds <= seconds + 0.005  # (a full pass is the thread's own work)
         gc.collect(0)
         assert phase_timer.TOTALS["gc.0"][1] >= 1
     finally:
