@@ -125,8 +125,8 @@ TENANTS = 8
 KEYS_ENV = "SGLANG_ISO_BENCH_KEYS"
 """The tenant keys of a many-tenant level, for the client process (comma-separated)."""
 ROUTE_ENV = "SGLANG_ISO_BENCH_ROUTE"
-"""``--interleave``: the client process's route, JSON ``{"slots": [[base URL, [key, ...]], ...], "first": 0 or 1,
-"block": requests per block, "out": path}``: measured block b goes to slot :func:`slot_of` (b, first), once no
+"""``--interleave``: the client process's route, JSON ``{"slots": [[base URL, [key, ...]], ...], "block": requests
+per block, "out": path}``: measured block b goes to slot :func:`slot_of` (b), once no
 earlier block has a request in flight, with the slot's key of the request's tenant (:func:`tenant_key`; no key for
 an empty list); each request's numbers are written to ``out``."""
 ROUTE_FILE = "route.jsonl"
@@ -216,11 +216,11 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def slot_of(k: int, first: int) -> int:
-    """``--interleave``: the server (0 or 1) of the client's k-th block (of requests): ABBA order (``first``, other,
-    other, ``first``, ...), so each server runs as often right after itself as right after the other, and each pair
-    of consecutive blocks, one per server, is a pair of the same moment's machine."""
-    return ((k + k // 2) % 2) ^ first
+def slot_of(k: int) -> int:
+    """``--interleave``: the server (0 or 1) of the client's k-th block (of requests): ABBA order (0, 1, 1, 0, ...),
+    so each server runs as often right after itself as right after the other, and each pair of consecutive blocks,
+    one per server, is a pair of the same moment's machine."""
+    return (k + k // 2) % 2
 
 
 def block_of(k: int, size: int) -> int:
@@ -395,7 +395,7 @@ def run_level(url: str, level: Level, keys: list[str | None], seed: int, workdir
 
 
 def run_interleaved(
-    slots: list[tuple[str, list[str]]], level: Level, seed: int, workdir: Path, first: int, block: int = 1
+    slots: list[tuple[str, list[str]]], level: Level, seed: int, workdir: Path, block: int = 1
 ) -> list[Served]:
     """``--interleave``: one client run of ``level`` whose blocks of ``block`` requests alternate between the two
     servers ``slots`` (base URL, its keys: one per tenant, none for upstream) in :func:`slot_of` order, a block
@@ -404,7 +404,7 @@ def run_interleaved(
     function returns them)."""
     route = workdir / ROUTE_FILE
     route.unlink(missing_ok=True)
-    spec = {"slots": [[url, list(keys)] for url, keys in slots], "first": first, "block": block, "out": str(route)}
+    spec = {"slots": [[url, list(keys)] for url, keys in slots], "block": block, "out": str(route)}
     blocks = 2 * math.ceil(level.prompts / block)
     blocks += blocks % 4 and 4 - blocks % 4  # (ABBA: whole groups of four)
     _bench(
@@ -494,7 +494,7 @@ def client_main(bench_argv: list[str]) -> None:
         for the route file."""
         k = next(calls)
         block = block_of(k, int(route["block"]))
-        slot = slot_of(k if block < 0 else block, int(route["first"]))
+        slot = slot_of(k if block < 0 else block)
         entered[block] = entered.get(block, 0) + 1  # NOTE: before any await: every earlier request is counted
         try:
             async with turns:
@@ -601,7 +601,7 @@ def run_pair(
     names = [first, *(n for n in servers if n != first)]
     marks = {n: servers[n].mark() for n in names}
     workdir = servers[first].workdir
-    served = run_interleaved([servers[n].slot(level) for n in names], level, seed, workdir, first=0, block=block)
+    served = run_interleaved([servers[n].slot(level) for n in names], level, seed, workdir, block=block)
     route = workdir / ROUTE_FILE
     return {
         n: servers[n].finish(

@@ -91,11 +91,10 @@ def test_a_control_run_starts_plain_upstream_in_both_slots(bench: ModuleType, tm
 
 
 def test_interleaved_requests_alternate_abba(bench: ModuleType) -> None:
-    order = [bench.slot_of(k, 0) for k in range(8)]
+    order = [bench.slot_of(k) for k in range(8)]
     assert order == [0, 1, 1, 0, 0, 1, 1, 0]
-    assert [bench.slot_of(k, 1) for k in range(8)] == [1 - s for s in order]
     for end in range(2, 65, 2):  # every even prefix: as many requests to each server
-        assert sum(bench.slot_of(k, 0) for k in range(end)) == end // 2
+        assert sum(bench.slot_of(k) for k in range(end)) == end // 2
 
 
 def test_split_route_drops_warmups_and_refuses_failures(bench: ModuleType) -> None:
@@ -202,14 +201,14 @@ def test_interleaved_client_routes_each_block_with_its_servers_key(
     try:
         level = bench.Level("random", concurrency, 1)
         slots = [(pair.urls[0], ["k-iso"]), (pair.urls[1], [])]
-        served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, first=0, block=block)
+        served = bench.run_interleaved(slots, level, seed=3, workdir=tmp_path, block=block)
     finally:
         pair.close()
     seen, seen_get, overlaps = pair.seen, pair.seen_get, pair.overlaps
     warm = bench.INTERLEAVE_WARMUPS
     # (the two warm-ups, one per server, run at once at concurrency 2)
-    assert sorted(index for index, *_ in seen[:warm]) == sorted(bench.slot_of(k, 0) for k in range(warm))
-    expected = [bench.slot_of(j // block, 0) for j in range(8 * block)]
+    assert sorted(index for index, *_ in seen[:warm]) == sorted(bench.slot_of(k) for k in range(warm))
+    expected = [bench.slot_of(j // block) for j in range(8 * block)]
     assert [index for index, *_ in seen[warm : warm + len(expected)]] == expected
     assert all(key == ("Bearer k-iso" if index == 0 else None) for index, key, _ in seen), seen
     assert seen_get and all(got == (0, "Bearer k-iso") for got in seen_get), seen_get  # the first slot, keyed
@@ -230,7 +229,7 @@ def test_interleaved_client_gives_each_shared_prefix_one_tenant_on_both_servers(
     pair = FakePair(["a0", "a1", "a2"])
     try:
         slots = [(pair.urls[0], ["a0", "a1", "a2"]), (pair.urls[1], ["b0", "b1", "b2"])]
-        bench.run_interleaved(slots, level, seed=5, workdir=tmp_path, first=0, block=3)
+        bench.run_interleaved(slots, level, seed=5, workdir=tmp_path, block=3)
     finally:
         pair.close()
     tenant: dict[str, set[str]] = {}
@@ -246,7 +245,7 @@ def test_interleaved_client_gives_each_shared_prefix_one_tenant_on_both_servers(
     keyless = FakePair(["a0"])
     try:
         slots = [(keyless.urls[0], ["a0"]), (keyless.urls[1], [])]
-        bench.run_interleaved(slots, level, seed=6, workdir=tmp_path, first=0, block=3)
+        bench.run_interleaved(slots, level, seed=6, workdir=tmp_path, block=3)
     finally:
         keyless.close()
     assert {(index, key) for index, key, _ in keyless.seen} == {(0, "Bearer a0"), (1, None)}
