@@ -78,6 +78,11 @@ modules (inclusive: the outermost sglang-iso frame of a stack, launchers left ou
 ours) and in the model forward, of the samples where a thread was active; the sampler costs both servers the same
 (``--profile-rate``, 50 per second by default).
 
+``--pool A.json B.json ...`` runs nothing: it reads earlier runs' ``--json`` files (runs of the same code) and prints
+per level the intervals of iso/upstream per server start of throughput, P99 TTFT and the CPU per request of the HTTP
+process and the scheduler, every file's starts pooled: more starts than one run holds, for an effect smaller than a
+start's spread.
+
 ``--logs DIR`` keeps, per server, round and level, the server's log lines (``<server>-round<N>-<level>.log``) and
 the client's per-request numbers (``.jsonl``: TTFTs, inter-token gaps): the prefill batches of a round show how the
 scheduler split the load (the shared-prefix levels at concurrency 32 settle either in lock-step, every batch of 16
@@ -845,6 +850,58 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats
     return "\n".join(rows)
 
 
+def pooled_table(paths: list[Path]) -> str:
+    """The per-start rows of earlier runs' ``--json`` files, their server starts pooled level by level (runs of
+    the same code; a file's ``repeats`` per level, 1 where absent, groups its pairs into starts): per level the
+    interval of iso/upstream per start of throughput, P99 TTFT and the HTTP process's and scheduler's CPU per
+    request, and over the levels every file has, each start's geometric mean.
+
+    Raises:
+        ValueError: a file is not such a file, or no level is in every file.
+    """
+    runs = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not all(isinstance(data.get(s), dict) for s in SERVERS):
+            raise ValueError(f"{path}: not a bench_serving.py --json file (no {' and '.join(SERVERS)} levels)")
+        runs.append(data)
+    levels = [name for name in runs[0]["upstream"] if all(name in r["upstream"] and name in r["iso"] for r in runs)]
+    if not levels:
+        raise ValueError("no level is in every file")
+
+    def starts(level: str, key: str, role: str | None = None) -> list[float]:
+        ratios: list[float] = []
+        for run in runs:
+            up, iso = run["upstream"][level], run["iso"][level]
+            if key not in up or key not in iso:
+                return []  # (a file written before this number was kept)
+            pick = (lambda values: values) if role is None else (lambda values: [v[role] for v in values])
+            ratios += start_ratios(pick(up[key]), pick(iso[key]), int(up.get("repeats", 1)))
+        return ratios
+
+    rows = [
+        f"{len(paths)} files pooled; iso/upstream per server start, geometric mean (95 % interval)",
+        "",
+        "| level | starts | req/s | P99 TTFT | HTTP CPU per request | scheduler CPU per request |",
+        "|---|---|---|---|---|---|",
+    ]
+    throughput = {level: starts(level, "throughput") for level in levels}
+    p99s = {level: starts(level, "p99s") for level in levels}
+    for level in levels:
+        cpu = [interval_text(starts(level, "cpu_ms", role)) for role in ("http", "scheduler")]
+        rows.append(
+            f"| {level} | {len(throughput[level])} | {interval_text(throughput[level])} | "
+            f"{interval_text(p99s[level])} | {cpu[0]} | {cpu[1]} |"
+        )
+    for label, per_level in (("req/s", throughput), ("P99 TTFT", p99s)):
+        counts = {len(v) for v in per_level.values()}
+        if len(levels) > 1 and len(counts) == 1:
+            means = [statistics.geometric_mean(col) for col in zip(*per_level.values(), strict=True)]
+            title = f"all levels, {label} (each start's geometric mean)"
+            rows.append(f"| {title} | {len(means)} | {interval_text(means)} |")
+    return "\n".join(rows)
+
+
 def phase_rows(level: str, up: list[dict[str, float]], iso: list[dict[str, float]]) -> list[str]:
     """Table rows of the scheduler phases (``--phases``): ms per step, median of rounds; "-" where a server has none
     (sglang-iso's own phases in upstream)."""
@@ -930,11 +987,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="", help="DIR: py-spy each server's processes per level (see the module doc)")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second with --profile")
     p.add_argument(
+        "--pool",
+        nargs="+",
+        default=[],
+        metavar="JSON",
+        help="run nothing: print the per-start table of earlier runs' --json files (the same code), pooled",
+    )
+    p.add_argument(
         "--logs",
         default="",
         help="DIR: keep each server's log lines and the client's per-request numbers, per round and level",
     )
     args = p.parse_args(argv)
+    if args.pool:
+        try:
+            print(pooled_table([Path(f) for f in args.pool]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--pool: {exc}")
+        return 0
     profile_dir = Path(args.profile) if args.profile else None
     if profile_dir is not None:
         if shutil.which("py-spy") is None:
@@ -1027,7 +1097,8 @@ def main(argv: list[str] | None = None) -> int:
         pooled = {
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
                           "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct,
-                          "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms, "phases": v.phases}
+                          "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms, "phases": v.phases,
+                          "repeats": args.repeats}
                 for lv, v in results[s].items()}
             for s in SERVERS
         }  # fmt: skip

@@ -73,6 +73,67 @@ def test_overall_rows_take_one_sample_per_round(bench: ModuleType) -> None:
     assert rows[1].split("|")[5].strip().startswith("1.000 (1.000-1.000)")
 
 
+def _run_file(path: Path, levels: dict[str, list[float]], repeats: int | None = None) -> Path:
+    """A ``--json`` file whose upstream runs all read 10 req/s, 1 s P99 and 2 ms of CPU per request, sglang-iso's
+    ``levels[name]`` times that, run by run."""
+    out: dict[str, dict[str, dict[str, object]]] = {"upstream": {}, "iso": {}}
+    for name, factors in levels.items():
+        for server, scale in (("upstream", [1.0] * len(factors)), ("iso", factors)):
+            row: dict[str, object] = {
+                "throughput": [10.0 * f for f in scale],
+                "p99s": [1.0 * f for f in scale],
+                "cpu_ms": [{"http": 2.0 * f, "scheduler": 2.0 / f} for f in scale],
+            }
+            if repeats is not None:
+                row["repeats"] = repeats
+            out[server][name] = row
+    path.write_text(json.dumps(out))
+    return path
+
+
+def test_pool_appends_the_starts_of_every_file(bench: ModuleType, tmp_path: Path) -> None:
+    a = _run_file(tmp_path / "a.json", {"gsp c=1": [0.96, 0.98], "gsp c=8": [1.0, 0.9], "only here": [1.0, 1.0]})
+    b = _run_file(tmp_path / "b.json", {"gsp c=1": [0.94, 0.95, 0.97, 0.99], "gsp c=8": [1.1, 0.9]}, repeats=2)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in bench.pooled_table([a, b]).splitlines()
+            if line.startswith("| ") and not line.startswith("| level")}  # fmt: skip
+    assert "only here" not in rows  # (not in every file)
+    # file b ran two pairs per start: its starts are the medians of 0.94, 0.95 and of 0.97, 0.99
+    gsp1 = [0.96, 0.98, 0.945, 0.98]
+    assert rows["gsp c=1"][0].strip() == "4"
+    assert rows["gsp c=1"][1].strip() == bench.interval_text(gsp1)
+    assert rows["gsp c=1"][2].strip() == bench.interval_text(gsp1)  # (P99 scaled alike)
+    assert rows["gsp c=1"][3].strip() == bench.interval_text(gsp1)  # HTTP CPU per request
+    assert rows["gsp c=1"][4].strip() == bench.interval_text([1 / x for x in gsp1])  # the scheduler's
+    gsp8 = [1.0, 0.9, 1.0]  # (b's one start: the median of 1.1 and 0.9)
+    assert rows["gsp c=8"][0].strip() == "3" and rows["gsp c=8"][1].strip() == bench.interval_text(gsp8)
+    # the levels' starts do not line up (4 and 3), so no all-levels row is made of them
+    assert not any(name.startswith("all levels") for name in rows)
+    c = _run_file(tmp_path / "c.json", {"gsp c=1": [0.9, 1.1], "gsp c=8": [0.8, 1.0]})
+    pooled = bench.pooled_table([c, a])
+    overall = [line for line in pooled.splitlines() if line.startswith("| all levels, req/s")]
+    per_start = [math.sqrt(0.9 * 0.8), math.sqrt(1.1 * 1.0), math.sqrt(0.96 * 1.0), math.sqrt(0.98 * 0.9)]
+    assert overall and overall[0].split("|")[3].strip() == bench.interval_text(per_start)
+    assert "| gsp c=8 | 4 |" in pooled
+
+
+def test_pool_refuses_files_it_cannot_read(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = _run_file(tmp_path / "good.json", {"gsp c=1": [0.98, 0.99]})
+    other = _run_file(tmp_path / "other.json", {"random c=8": [1.0, 1.0]})
+    (tmp_path / "list.json").write_text("[1, 2]")
+    for files, why in (
+        ([good, other], "no level is in every file"),
+        ([good, tmp_path / "list.json"], "not a bench_serving.py --json file"),
+        ([tmp_path / "absent.json"], "absent.json"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--pool", *map(str, files)])
+        assert stop.value.code == 2 and why in capsys.readouterr().err
+    assert bench.main(["--pool", str(good)]) == 0  # control: one readable file prints its table
+    assert "| gsp c=1 | 2 |" in capsys.readouterr().out
+
+
 def test_a_control_run_starts_plain_upstream_in_both_slots(bench: ModuleType, tmp_path: Path) -> None:
     tenants = bench.write_tenants(tmp_path)
     iso = bench.BenchServer("iso", tenants, tmp_path)
