@@ -754,8 +754,8 @@ def interval(ratios: list[float], confidence: float = 0.95) -> tuple[float, floa
 
     The samples must be independent: one per server start (:func:`per_start`), not one per pair.
     """
-    if len(ratios) < 2 or min(ratios) <= 0:
-        raise ValueError(f"an interval needs two or more positive ratios, got {ratios}")
+    if len(ratios) < 2 or not all(math.isfinite(x) and x > 0 for x in ratios):
+        raise ValueError(f"an interval needs two or more positive finite ratios, got {ratios}")
     from scipy import stats
 
     logs = [math.log(x) for x in ratios]

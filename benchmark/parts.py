@@ -38,7 +38,8 @@ its starts by more than the pairing removes within one (``bench_serving.py``'s S
 its own servers, not the code. Per start it prints each variant's median paired ratio; over the starts, the geometric
 mean of those ratios with a 95 % interval (Student's t on their logarithms, one sample per start, as
 ``bench_serving.py`` reads its per-start ratios) and the throughput it means at concurrency 1 (upstream's time over
-the variant's), for the whole request, to its first streamed event and after it (the decode steps' share); with
+the variant's), for the whole request, to its first streamed event and (at concurrency 1) after it (the decode
+steps' share); with
 ``--phases`` (the test plugin :mod:`sglang_iso_testing.phase_timer` in every server, upstream included) also each
 start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts, the paired ratio of
 the step and of the model forward alone.
@@ -206,9 +207,7 @@ def main() -> None:
         )
     starts = {}
     if len(runs) > 1:
-        measures = {"request": [r.times for r in runs], "to the first event": [r.ttfts for r in runs]}
-        if not args.no_stream:
-            measures["after the first event"] = [r.after_first() for r in runs]
+        measures = start_measures(runs, stream=not args.no_stream, concurrency=args.concurrency)
         print(f"Over {len(runs)} starts (per start: the median paired ratio; geometric mean, 95 % interval):")
         for label, per_start in measures.items():
             starts[label] = over_starts(per_start)
@@ -456,6 +455,16 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
             "ratio_max": max(ratios, default=math.nan),
         }
     return out
+
+
+def start_measures(runs: list[Rounds], *, stream: bool, concurrency: int) -> dict[str, list[dict[str, list[float]]]]:
+    """What is read over the starts: the whole request and the time to its first event; with a stream at concurrency
+    1 also the time after it (above 1 a block's time per request is its wall time over its requests, not one
+    request's latency, so no request's time after its first event can be had from it)."""
+    measures = {"request": [r.times for r in runs], "to the first event": [r.ttfts for r in runs]}
+    if stream and concurrency == 1:
+        measures["after the first event"] = [r.after_first() for r in runs]
+    return measures
 
 
 def over_starts(runs: list[dict[str, list[float]]]) -> dict[str, tuple[float, float, float]]:

@@ -50,7 +50,7 @@ def test_interval_is_students_t_on_the_logs(bench: ModuleType) -> None:
 
 
 def test_interval_refuses_what_it_cannot_estimate(bench: ModuleType) -> None:
-    for bad in ([1.0], [], [1.0, 0.0]):
+    for bad in ([1.0], [], [1.0, 0.0], [1.0, float("nan")], [1.0, float("inf")]):
         with pytest.raises(ValueError, match="two or more positive"):
             bench.interval(bad)
     assert bench.interval_text([1.0]) == "-"

@@ -58,6 +58,24 @@ def test_the_time_after_the_first_event_is_the_request_less_its_first_event() ->
     assert run.after_first() == {"upstream": [60.0, 52.0], "iso": [64.0, 58.0]}
 
 
+def test_the_time_after_the_first_event_is_read_only_one_request_at_a_time() -> None:
+    """Above concurrency 1 a block's time per request is its wall time over its requests (5 ms at 8 clients) while
+    a request's first event still takes its whole latency (40 ms): their difference is no request's time, so it is
+    not read over the starts (it had ended a run without its summary)."""
+    parts = load()
+    runs = [parts.Rounds(times={"upstream": [5.0, 5.2], "iso": [5.1, 5.3]},
+                         ttfts={"upstream": [40.0, 41.0], "iso": [41.0, 42.0]}) for _ in range(3)]  # fmt: skip
+    assert set(parts.start_measures(runs, stream=True, concurrency=8)) == {"request", "to the first event"}
+    assert set(parts.start_measures(runs, stream=False, concurrency=1)) == {"request", "to the first event"}
+    alone = [parts.Rounds(times={"upstream": [100.0, 90.0], "iso": [104.0, 95.0]},
+                          ttfts={"upstream": [40.0, 38.0], "iso": [40.0, 37.0]}) for _ in range(3)]  # fmt: skip
+    one = parts.start_measures(alone, stream=True, concurrency=1)  # control: one at a time it is read
+    assert set(one) == {"request", "to the first event", "after the first event"}
+    assert one["after the first event"][0] == {"upstream": [60.0, 52.0], "iso": [64.0, 58.0]}
+    want = statistics.median([64.0 / 60.0, 58.0 / 52.0])  # (each start the same: its median paired ratio)
+    assert parts.over_starts(one["after the first event"])["iso"][0] == pytest.approx(want)
+
+
 def test_a_round_upstream_spent_no_measurable_time_in_is_left_out() -> None:
     """A block's CPU time can be under the clock's tick (0): that round has no ratio; the others keep theirs."""
     parts = load()
