@@ -39,10 +39,9 @@ its own servers, not the code. Per start it prints each variant's median paired 
 mean of those ratios with a 95 % interval (Student's t on their logarithms, one sample per start, as
 ``bench_serving.py`` reads its per-start ratios) and the throughput it means at concurrency 1 (upstream's time over
 the variant's), for the whole request, to its first streamed event and (at concurrency 1) after it (the decode
-steps' share); with
-``--phases`` (the test plugin :mod:`sglang_iso_testing.phase_timer` in every server, upstream included) also each
-start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts, the paired ratio of
-the step and of the model forward alone.
+steps' share); with ``--phases`` (the test plugin :mod:`sglang_iso_testing.phase_timer` in every server, upstream
+included) also each start's milliseconds per scheduler step of the phases :data:`PHASES_SHOWN` and, over the starts,
+the paired ratio of the step and of the model forward alone.
 
 ``--cpu-profile DIR`` loads :mod:`sglang_iso_testing.cpu_profile` into every server and profiles, over the rounds
 after the warm-up, the main thread of each one's HTTP process, scheduler and detokenizer by that thread's own CPU time
