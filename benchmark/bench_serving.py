@@ -776,6 +776,11 @@ def interval_text(ratios: list[float]) -> str:
     return f"{mean:.3f} ({lo:.3f}-{hi:.3f})"
 
 
+def start_means(per_level: list[list[float]]) -> list[float]:
+    """Each start's geometric mean of its ratios over the levels (``per_level[level][start]``)."""
+    return [statistics.geometric_mean(col) for col in zip(*per_level, strict=True)]
+
+
 def overall_rows(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats: int) -> list[str]:
     """Across levels: each round's geometric mean over its levels' per-start ratios, then their interval."""
     rows = []
@@ -784,7 +789,7 @@ def overall_rows(results: dict[str, dict[Level, Samples]], levels: list[Level], 
             start_ratios(getattr(results["upstream"][lv], attr), getattr(results["iso"][lv], attr), repeats)
             for lv in levels
         ]
-        rounds = [statistics.geometric_mean(col) for col in zip(*per_level, strict=True)]
+        rounds = start_means(per_level)
         rows.append(
             f"| all levels | {label} iso/upstream per round, geometric mean over levels (95 % interval over "
             f"{len(rounds)} rounds) | | | {interval_text(rounds)} | {', '.join(f'{x:.2f}' for x in rounds)} |"
@@ -875,8 +880,8 @@ def pooled_table(paths: list[Path]) -> str:
             up, iso = run["upstream"][level], run["iso"][level]
             if key not in up or key not in iso:
                 return []  # (a file written before this number was kept)
-            pick = (lambda values: values) if role is None else (lambda values: [v[role] for v in values])
-            ratios += start_ratios(pick(up[key]), pick(iso[key]), int(up.get("repeats", 1)))
+            u, i = (row[key] if role is None else [v[role] for v in row[key]] for row in (up, iso))
+            ratios += start_ratios(u, i, int(up.get("repeats", 1)))
         return ratios
 
     rows = [
@@ -896,7 +901,7 @@ def pooled_table(paths: list[Path]) -> str:
     for label, per_level in (("req/s", throughput), ("P99 TTFT", p99s)):
         counts = {len(v) for v in per_level.values()}
         if len(levels) > 1 and len(counts) == 1:
-            means = [statistics.geometric_mean(col) for col in zip(*per_level.values(), strict=True)]
+            means = start_means(list(per_level.values()))
             title = f"all levels, {label} (each start's geometric mean)"
             rows.append(f"| {title} | {len(means)} | {interval_text(means)} |")
     return "\n".join(rows)
