@@ -9,9 +9,13 @@ change unseen when
 * the row's verified columns ``[0, upto)`` still hold the slots they held then (compared with a copy: one
   contiguous read of each, so a slot planted or rewritten there by any code sends the row back to the full read),
 * its owner slot is the one it had then, and
-* no page changed owner since: the caller forgets every row on each release, clear or re-marking of a page
-  (:meth:`VerifiedWindows.forget_all`); the only other change, adopting a FREE page, never touches a slot that was
-  verified (a verified slot's page was owned, not FREE).
+* no page in its verified columns changed owner since: the caller announces every release, clear or re-marking of
+  a page (:meth:`VerifiedWindows.changed`, :meth:`VerifiedWindows.forget_all`), and before the memory is next read
+  (:meth:`VerifiedWindows.settle`) every row is forgotten if an announced page is still held by a remembered
+  column (``held``: per page, how many remembered columns lie on it). A row freed in between is forgotten by
+  itself first, so the pages a finished request gives back (its own, held by no other remembered row) forget
+  nothing. The only other change, adopting a FREE page, never touches a slot that was verified (a verified slot's
+  page was owned, not FREE).
 
 :func:`clean_decode_verified` then decides a decode step from the new column alone, with the same adoption rule as
 the full read. Anything else (a row without a memory, a prefix that differs, a new slot that is not FREE or its
@@ -28,31 +32,84 @@ import numpy as np
 
 class VerifiedWindows:
     """For each ``req_to_token`` row: the columns the host route last found clean, their slots, and the row's
-    owner slot then. ``upto[row] == 0`` means nothing is remembered (the full read decides the row)."""
+    owner slot then. ``upto[row] == 0`` means nothing is remembered (the full read decides the row).
 
-    def __init__(self, rows: int, width: int) -> None:
+    ``held[page]`` counts the remembered columns whose slot lies on ``page`` (every row's ``copy[row, :upto[row]]``);
+    :meth:`check` recounts it from the copies."""
+
+    _PENDING_LIMIT = 64  # announcements kept before settling at once (a run of extend steps reads no memory)
+
+    def __init__(self, rows: int, width: int, pages: int, page_size: int) -> None:
         self.copy = np.zeros((rows, width), dtype=np.int32)
         """``copy[row, :upto[row]]``: the slots the row held when they were verified."""
         self.upto = [0] * rows
         self.owner = [-1] * rows
+        self.page_size = page_size
+        self.held = np.zeros(pages, dtype=np.int64)
+        self._changed: list[np.ndarray] = []  # pages that changed owner since the last settle
+        self.settled_forgetting = 0
+        """Settles that forgot every row (an announced page was held): each costs the next decode step a full read."""
+        self.decided = 0
+        """Decode steps :func:`clean_decode_verified` decided from the memory."""
 
     def forget_all(self) -> None:
-        """A page changed owner (released, cleared, re-marked): no remembered column holds any longer."""
+        """Every page may have changed owner (the pool was cleared): no remembered column holds any longer."""
         self.upto = [0] * len(self.upto)
+        self.held.fill(0)
+        self._changed.clear()
+
+    def changed(self, pages: np.ndarray) -> None:
+        """``pages`` changed owner (released, re-marked); the rows holding one are forgotten at :meth:`settle`."""
+        if pages.size:
+            self._changed.append(pages.astype(np.intp))  # (a copy: the caller's array may be reused)
+            if len(self._changed) > self._PENDING_LIMIT:
+                self.settle()
+
+    def settle(self) -> None:
+        """Forget every row if a page announced since the last settle lies in a remembered column. Safe at any time
+        between the change and the next read of the memory: rows forgotten in between only lower ``held``."""
+        if not self._changed:
+            return
+        pages = self._changed[0] if len(self._changed) == 1 else np.concatenate(self._changed)
+        self._changed.clear()
+        inside = pages[(pages >= 0) & (pages < self.held.size)]
+        if inside.size != pages.size or self.held[inside].any():
+            self.settled_forgetting += 1
+            self.forget_all()
 
     def forget(self, rows: Iterable[int]) -> None:
         for row in rows:
-            self.upto[row] = 0
+            known = self.upto[row]
+            if known:
+                np.subtract.at(self.held, self._pages(self.copy[row, :known]), 1)
+                self.upto[row] = 0
 
     def record(self, req_to_token: np.ndarray, rows: list[int], ends: list[int], row_owner: np.ndarray) -> None:
         """Remember ``req_to_token[row, :end]`` of each row, just found clean (every slot its owner's or readable)."""
+        self.forget(rows)
+        limit = self.held.size * self.page_size
         for row, end in zip(rows, ends, strict=True):
-            if 0 < end <= self.copy.shape[1]:
-                self.copy[row, :end] = req_to_token[row, :end]
-                self.upto[row] = end
-                self.owner[row] = int(row_owner[row])
-            else:
-                self.upto[row] = 0
+            if not 0 < end <= self.copy.shape[1]:
+                continue
+            window = req_to_token[row, :end]
+            if int(window.min()) < 0 or int(window.max()) >= limit:
+                continue  # NOTE: a slot off the table is never remembered (the full read keeps deciding the row)
+            self.copy[row, :end] = window
+            np.add.at(self.held, self._pages(self.copy[row, :end]), 1)
+            self.upto[row] = end
+            self.owner[row] = int(row_owner[row])
+
+    def check(self) -> bool:
+        """True when ``held`` equals its count from the remembered copies (tests; a full pass over the copies)."""
+        want = np.zeros_like(self.held)
+        for row, known in enumerate(self.upto):
+            if known:
+                np.add.at(want, self._pages(self.copy[row, :known]), 1)
+        return bool(np.array_equal(want, self.held))
+
+    def _pages(self, slots: np.ndarray) -> np.ndarray:
+        pages = slots.astype(np.intp)
+        return pages // self.page_size if self.page_size != 1 else pages
 
 
 def clean_decode_verified(
@@ -68,8 +125,11 @@ def clean_decode_verified(
     columns before it were verified and still hold the same slots; True when clean (new pages adopted, memory
     extended), False when the full read must decide (nothing changed then). MUTATES ``page_owner`` (only on True).
     """
-    upto, copy, owners_then = verified.upto, verified.copy, verified.owner
-    limit = page_owner.size * page_size
+    if page_size != verified.page_size:
+        return False
+    verified.settle()
+    upto, copy, owners_then, held = verified.upto, verified.copy, verified.owner, verified.held
+    limit = min(page_owner.size, held.size) * page_size
     width = req_to_token.shape[1]
     pages: list[int] = []
     owners: list[int] = []
@@ -96,5 +156,7 @@ def clean_decode_verified(
     for row, end, page, owner in zip(rows, ends, pages, owners, strict=True):
         page_owner[page] = owner
         copy[row, end - 1] = req_to_token[row, end - 1]
+        held[page] += 1
         upto[row] = end
+    verified.decided += 1
     return True

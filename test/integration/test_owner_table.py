@@ -283,6 +283,34 @@ def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released
     assert int(rtt[1, 2]) == table.zero_page * table.page_size and int(table.page_owner[12]) == b
 
 
+def test_a_finished_request_gives_its_pages_back_and_the_other_rows_stay_decided_from_memory(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's release order: a finished request's slots are freed, then its row; the running row's next step is
+    still decided from its new column. Control in the same run: a page of the running row released under it is read
+    in full at its next step and refused there (a FREE page in an old column)."""
+    from sglang_iso.integration import owner_check
+
+    calls: list[str] = []
+    for name in ("sanitize_rows", "clean_rows_host"):
+        real = getattr(owner_check, name)
+        monkeypatch.setattr(owner_check, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+    table, cache, a, _ = _two_rows_prefilled()
+    rtt = cache.req_to_token_pool.req_to_token
+    rtt[1, 3], rtt[2, 2] = 13, 22
+    table.check_batch(_decode([1, 2], [4, 3]))
+    calls.clear()
+    table._free(lambda *_: None, torch.tensor([20, 21, 22]))  # row 2's request finished: its slots, then its row
+    table._free_rows(lambda _: None, [2])
+    assert table.page_owner[[20, 21, 22]].tolist() == [FREE] * 3
+    rtt[1, 4] = 14
+    table.check_batch(_decode([1], [5]))
+    assert calls == [] and int(table.page_owner[14]) == a  # decided from memory: nothing read in full
+    table._free(lambda *_: None, torch.tensor([11]))  # a slot of the running row 1 released under it
+    rtt[1, 5] = 15
+    table.check_batch(_decode([1], [6]))
+    assert calls == ["clean_rows_host", "sanitize_rows"] and table.violating_rows == {1}
+    assert int(rtt[1, 1]) == table.zero_page * table.page_size
+
+
 def test_a_replaced_row_table_is_read_not_the_views_of_the_old_one() -> None:
     """The host route keeps numpy views of the row table; should the pool's table object ever be replaced, a
     decode step reads the new one: a clean step on it passes, and a plant in it is refused."""

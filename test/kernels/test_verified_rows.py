@@ -61,8 +61,9 @@ def _clean_rows(data: st.DataObject, page_size: int):  # type: ignore[no-untyped
     starts = [end for end in ends]  # nothing new in the remembered step
     if not clean_rows_host(req_to_token, rows, starts, ends, page_owner, row_owner, allowed, page_size=page_size):
         raise AssertionError("a window of own pages was not found clean")
-    verified = VerifiedWindows(ROWS, WIDTH)
+    verified = VerifiedWindows(ROWS, WIDTH, NUM_PAGES, page_size)
     verified.record(req_to_token.numpy(), rows, ends, row_owner.numpy())
+    assert verified.check()
     return page_owner, rows, row_owner, req_to_token, ends, verified
 
 
@@ -80,7 +81,7 @@ def test_the_remembered_route_never_passes_what_the_full_pass_refuses(data: st.D
         elif event in ("release", "reassign"):  # the table announces every page-owner change but adoption
             page = data.draw(st.integers(1, NUM_PAGES - 1))
             page_owner[page] = FREE if event == "release" else data.draw(st.sampled_from([0, 1, 2]))
-            verified.forget_all()
+            verified.changed(np.array([page]))
         elif event == "row owner":  # a row handed to another request without its alloc hook
             row_owner[row] = data.draw(st.sampled_from([0, 1, 2]))
         elif event == "shift":  # the step's window is not the remembered one plus a column
@@ -98,6 +99,7 @@ def test_the_remembered_route_never_passes_what_the_full_pass_refuses(data: st.D
         assert [verified.upto[r] for r in rows] == new_ends  # the memory covers the new column
     else:
         assert torch.equal(page_owner, before_po) and torch.equal(req_to_token, before_rtt)
+    assert verified.check()  # ``held`` still counts the remembered columns
 
 
 @settings(max_examples=100, deadline=None)
@@ -131,7 +133,7 @@ def test_a_planted_slot_and_a_released_page_send_the_step_to_the_full_pass() -> 
     row_owner = torch.tensor([FREE, 1, FREE, FREE, FREE, FREE], dtype=torch.int32)
     req_to_token = torch.zeros(ROWS, WIDTH, dtype=torch.int32)
     req_to_token[1, :3] = torch.tensor([1, 2, 3], dtype=torch.int32)
-    verified = VerifiedWindows(ROWS, WIDTH)
+    verified = VerifiedWindows(ROWS, WIDTH, NUM_PAGES, 1)
     verified.record(req_to_token.numpy(), [1], [3], row_owner.numpy())
     rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
     rtt[1, 3] = 7
@@ -140,11 +142,102 @@ def test_a_planted_slot_and_a_released_page_send_the_step_to_the_full_pass() -> 
     assert not clean_decode_verified(rtt, [1], [5], ro, po, 1, verified) and int(po[8]) == FREE
     rtt[1, 0] = 1
     assert clean_decode_verified(rtt, [1], [5], ro, po, 1, verified)  # control: the same step, undisturbed
-    page_owner[2] = FREE  # released (and the table forgets every row)
-    verified.forget_all()
+    page_owner[2] = FREE  # released (and announced, as the table does)
+    verified.changed(np.array([2]))
     rtt[1, 5] = 10
     assert not clean_decode_verified(rtt, [1], [6], ro, po, 1, verified) and int(po[10]) == FREE
     verified.record(rtt, [1], [5], ro)
     ro[1] = 2  # another owner's request in the row
     assert not clean_decode_verified(rtt, [1], [6], ro, po, 1, verified)
     assert np.array_equal(rtt[1, :6], [1, 2, 3, 7, 8, 10])
+
+
+def _two_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VerifiedWindows]:
+    """Rows 1 (owner 1, pages 1-3) and 2 (owner 2, pages 4-6), both remembered clean."""
+    page_owner = torch.full((NUM_PAGES,), FREE, dtype=torch.int32)
+    page_owner[1:4], page_owner[4:7] = 1, 2
+    row_owner = torch.tensor([FREE, 1, 2, FREE, FREE, FREE], dtype=torch.int32)
+    req_to_token = torch.zeros(ROWS, WIDTH, dtype=torch.int32)
+    req_to_token[1, :3] = torch.tensor([1, 2, 3], dtype=torch.int32)
+    req_to_token[2, :3] = torch.tensor([4, 5, 6], dtype=torch.int32)
+    verified = VerifiedWindows(ROWS, WIDTH, NUM_PAGES, 1)
+    verified.record(req_to_token.numpy(), [1, 2], [3, 3], row_owner.numpy())
+    return page_owner, row_owner, req_to_token, verified
+
+
+def test_pages_a_freed_row_gives_back_leave_the_other_rows_remembered() -> None:
+    """A finished request's row is forgotten, then its pages released: the other row's next step is still decided
+    from memory. Control: releasing a page the other row holds sends its step to the full read."""
+    page_owner, row_owner, req_to_token, verified = _two_rows()
+    rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
+    verified.forget([2])  # row 2 freed (the row pool's free_rows comes after the request's frees: either order)
+    po[4:7] = FREE
+    verified.changed(np.array([4, 5, 6]))
+    rtt[1, 3] = 7
+    assert clean_decode_verified(rtt, [1], [4], ro, po, 1, verified) and verified.settled_forgetting == 0
+    assert verified.check() and verified.upto[1] == 4
+
+    page_owner, row_owner, req_to_token, verified = _two_rows()
+    rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
+    po[2] = FREE  # a page of row 1's remembered columns
+    verified.changed(np.array([2]))
+    rtt[1, 3] = 7
+    assert not clean_decode_verified(rtt, [1], [4], ro, po, 1, verified) and verified.settled_forgetting == 1
+    assert verified.upto == [0] * ROWS and verified.check() and int(po[7]) == FREE
+
+
+def test_a_release_announced_before_the_row_is_freed_forgets_only_when_still_held() -> None:
+    """The request's frees come before its row's (SGLang's release order): settled after the row is forgotten, the
+    announcement finds the pages held by no one; settled before (the next step comes first), every row is forgotten."""
+    page_owner, row_owner, req_to_token, verified = _two_rows()
+    rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
+    po[6] = FREE
+    verified.changed(np.array([6]))  # row 2's page, row 2 still remembered
+    verified.forget([2])
+    rtt[1, 3] = 7
+    assert clean_decode_verified(rtt, [1], [4], ro, po, 1, verified) and verified.settled_forgetting == 0
+
+    page_owner, row_owner, req_to_token, verified = _two_rows()
+    rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
+    po[6] = FREE
+    verified.changed(np.array([6]))
+    rtt[1, 3] = 7
+    assert not clean_decode_verified(rtt, [1], [4], ro, po, 1, verified) and verified.settled_forgetting == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["record", "forget", "announce", "settle", "all"]), st.integers(0, ROWS - 1),
+                  st.lists(st.integers(0, NUM_PAGES - 1), max_size=WIDTH - 1)),
+        max_size=30,
+    ),
+    page_size=st.sampled_from([1, 2, 4]),
+)  # fmt: skip
+def test_held_counts_the_remembered_columns_through_any_sequence(ops, page_size: int) -> None:  # type: ignore[no-untyped-def]
+    """``held`` equals its recount after any sequence of records (repeated pages too), forgets, announcements and
+    settles; a settle forgets every row exactly when an announced page was held."""
+    verified = VerifiedWindows(ROWS, WIDTH, NUM_PAGES, page_size)
+    req_to_token = np.zeros((ROWS, WIDTH), dtype=np.int32)
+    row_owner = np.ones(ROWS, dtype=np.int32)
+    announced: set[int] = set()
+    for op, row, pages in ops:
+        if op == "record" and pages:
+            req_to_token[row, : len(pages)] = [p * page_size for p in pages]
+            verified.record(req_to_token, [row], [len(pages)], row_owner)
+        elif op == "forget":
+            verified.forget([row])
+        elif op == "announce":
+            verified.changed(np.array(pages, dtype=np.int64))
+            announced.update(pages)
+        elif op == "settle":
+            held = {p for p in announced if verified.held[p] > 0}
+            before = verified.settled_forgetting
+            verified.settle()
+            assert verified.settled_forgetting == before + (1 if held else 0)
+            assert not held or verified.upto == [0] * ROWS
+            announced.clear()
+        else:
+            verified.forget_all()
+            announced.clear()
+        assert verified.check()

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 Layer = Callable[..., Any]
@@ -133,17 +134,31 @@ FREE_PAGE = -1
 """The owner of a page no request or tree node holds (the owner tables' FREE)."""
 
 
-def release_pages(page_owner: torch.Tensor, zero_page: int, below: Any, *page_ids: torch.Tensor) -> Any:
+def release_pages(
+    page_owner: torch.Tensor,
+    zero_page: int,
+    below: Any,
+    *page_ids: torch.Tensor,
+    released: Callable[[np.ndarray], None] | None = None,
+) -> Any:
     """AROUND a paged allocator's ``_release_page_ids``: released pages become FREE in ``page_owner``; the zero page
-    is never released (a row slot replaced by it must not free it)."""
+    is never released (a row slot replaced by it must not free it). ``released`` is told the pages made FREE."""
     page_ids = tuple(p[p != zero_page] for p in page_ids)
     for pages in page_ids:
         page_owner[pages.to(torch.int64)] = FREE_PAGE
+        if released is not None and pages.numel():
+            released(pages.cpu().numpy())
     return below(*page_ids)
 
 
 def release_slots(
-    page_owner: torch.Tensor, zero_page: int, page_size: int, allocator: Any, below: Any, *args: Any
+    page_owner: torch.Tensor,
+    zero_page: int,
+    page_size: int,
+    allocator: Any,
+    below: Any,
+    *args: Any,
+    released: Callable[[np.ndarray], None] | None = None,
 ) -> Any:
     """AROUND a page-1 allocator's ``free(slots)``: as :func:`release_pages`, by slot (a grouped free is marked FREE
     when the group ends, through this same method)."""
@@ -157,8 +172,13 @@ def release_slots(
                 args, pages = (slots[torch.from_numpy(keep)], *args[1:]), pages[keep]
             if allocator.free_group is None:
                 page_owner.numpy()[pages] = FREE_PAGE
+                if released is not None:
+                    released(pages)
             return below(*args)
         args = (slots[slots // page_size != zero_page], *args[1:])
         if allocator.free_group is None:
-            page_owner[args[0].to(torch.int64) // page_size] = FREE_PAGE
+            pages_t = args[0].to(torch.int64) // page_size
+            page_owner[pages_t] = FREE_PAGE
+            if released is not None:
+                released(pages_t.cpu().numpy())
     return below(*args)

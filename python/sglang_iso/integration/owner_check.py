@@ -19,7 +19,7 @@ CPU a plain pool's batch is first tried from host lists, ``clean_rows_host``, wh
 decides a batch whose every slot is its row's own or readable and hands anything
 else to the full pass; a decode step is first tried from what that route verified of
 each row, ``clean_decode_verified``: the new column read, the old ones compared with
-a copy, valid until any page changes owner other than by adoption).
+a copy, valid until a page in its checked columns changes owner other than by adoption).
 The pages a request writes in this step are adopted if FREE or already its
 own; every other slot of its row window must be its own, a shared prefix it may
 read, or the zero page. Anything else is replaced by the dedicated zero page
@@ -168,8 +168,9 @@ class OwnerTable:
             and rows_pool.req_to_token.dtype == torch.int32
         )
         # NOTE: what the host route verified of each row, so a decode step reads its new column only
-        # (sglang_iso_kernels.verified_rows); every page-owner change below but adoption forgets it all.
-        self._verified = VerifiedWindows(*rows_pool.req_to_token.shape) if self._host_route else None
+        # (sglang_iso_kernels.verified_rows); every page-owner change below but adoption is announced to it.
+        width = int(rows_pool.req_to_token.shape[1])
+        self._verified = VerifiedWindows(rows, width, num_pages, self.page_size) if self._host_route else None
         # NOTE: numpy views of the host route's three tables, made once (they share memory); a decode step reads
         # them before every forward.
         self._host_views = _HostViews.of(rows_pool.req_to_token, self) if self._host_route else None
@@ -239,14 +240,19 @@ class OwnerTable:
         if self._verified is not None:
             self._verified.forget_all()
 
+    def _changed(self, pages: torch.Tensor) -> None:
+        """Host ``pages`` change owner: announced to the host route's memory (a no-op without it)."""
+        if self._verified is not None:
+            self._verified.changed(pages.numpy())
+
     def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
-        self._forget_all()
-        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids)
+        released = self._verified.changed if self._verified is not None else None  # (host route only: no sync)
+        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids, released=released)
 
     def _free(self, below: Any, *args: Any) -> Any:
-        self._forget_all()
         owner, zero, size = self.page_owner, self.zero_page, self.page_size
-        return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args)
+        released = self._verified.changed if self._verified is not None else None
+        return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args, released=released)
 
     def _alloc_rows(self, below: Any, reqs: list[Any]) -> Any:
         out = below(reqs)
@@ -326,13 +332,13 @@ class OwnerTable:
     def mark_owned(self, indices: list[int], namespace: str) -> None:
         """Pages the cache filled without a forward (host load-back) belong to ``namespace``'s slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self._forget_all()
+        self._changed(pages)
         self.page_owner[pages.to(self.page_owner.device)] = self.slot_of(namespace)
 
     def mark_shared(self, indices: list[int], name: str) -> None:
         """Pages holding the KV of declared shared prefix ``name`` belong to its slot."""
         pages = torch.tensor(sorted({i // self.page_size for i in indices}), dtype=torch.int64)
-        self._forget_all()
+        self._changed(pages)
         self.page_owner[pages] = self.slot_of(Namespace.shared_prefix(name).key)
 
     # ------------------------------------------------------------------ the check
@@ -545,6 +551,11 @@ class OwnerTable:
             out["owner_state_violations"] = self.state.violations
         if self.swa is not None:
             out["owner_swa_violations"] = self.swa.violations
+        if self._verified is not None:
+            # NOTE: times a released or re-marked page lay in a remembered column: each sends the next decode
+            # step of every row to the full read (a finished request's own pages never count here).
+            out["owner_memory_resets"] = self._verified.settled_forgetting
+            out["owner_steps_from_memory"] = self._verified.decided
         return out
 
     def namespace_of(self, slot: int) -> str | None:
