@@ -239,16 +239,23 @@ def test_clean_cpu_batches_are_decided_on_the_host_and_the_rest_by_the_full_pass
     assert int(rtt[2, 0]) == table.zero_page * table.page_size and rtt[1, :4].tolist() == [5, 10, 11, 12]
 
 
-def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released_page(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """After a clean prefill, decode steps are decided from what was verified (neither the host lists route nor
-    the full pass reads the windows again); an old column rewritten since, and a page released under a running
-    row and adopted by another tenant, are still refused at the next step (the release forgets what was verified)."""
+def _passes_seen(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The owner check's reads, in order, as they run: ``clean_rows_host`` (host lists) and ``sanitize_rows`` (the
+    full pass); a decode step decided from memory adds neither."""
     from sglang_iso.integration import owner_check
 
     calls: list[str] = []
     for name in ("sanitize_rows", "clean_rows_host"):
         real = getattr(owner_check, name)
         monkeypatch.setattr(owner_check, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+    return calls
+
+
+def test_decode_steps_read_their_new_columns_and_still_see_a_plant_or_a_released_page(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """After a clean prefill, decode steps are decided from what was verified (neither the host lists route nor
+    the full pass reads the windows again); an old column rewritten since, and a page released under a running
+    row and adopted by another tenant, are still refused at the next step (the release forgets what was verified)."""
+    calls = _passes_seen(monkeypatch)
     table, cache, a, b = _two_rows_prefilled()
     rtt = cache.req_to_token_pool.req_to_token
     assert calls == ["clean_rows_host"] and table.violations == 0
@@ -287,12 +294,7 @@ def test_a_finished_request_gives_its_pages_back_and_the_other_rows_stay_decided
     """SGLang's release order: a finished request's slots are freed, then its row; the running row's next step is
     still decided from its new column. Control in the same run: a page of the running row released under it is read
     in full at its next step and refused there (a FREE page in an old column)."""
-    from sglang_iso.integration import owner_check
-
-    calls: list[str] = []
-    for name in ("sanitize_rows", "clean_rows_host"):
-        real = getattr(owner_check, name)
-        monkeypatch.setattr(owner_check, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
+    calls = _passes_seen(monkeypatch)
     table, cache, a, _ = _two_rows_prefilled()
     rtt = cache.req_to_token_pool.req_to_token
     rtt[1, 3], rtt[2, 2] = 13, 22

@@ -171,6 +171,8 @@ class OwnerTable:
         # (sglang_iso_kernels.verified_rows); every page-owner change below but adoption is announced to it.
         width = int(rows_pool.req_to_token.shape[1])
         self._verified = VerifiedWindows(rows, width, num_pages, self.page_size) if self._host_route else None
+        # (told the pages each release makes FREE; None off the host route, so a device release never syncs)
+        self._announce = self._verified.changed if self._verified is not None else None
         # NOTE: numpy views of the host route's three tables, made once (they share memory); a decode step reads
         # them before every forward.
         self._host_views = _HostViews.of(rows_pool.req_to_token, self) if self._host_route else None
@@ -242,17 +244,15 @@ class OwnerTable:
 
     def _changed(self, pages: torch.Tensor) -> None:
         """Host ``pages`` change owner: announced to the host route's memory (a no-op without it)."""
-        if self._verified is not None:
-            self._verified.changed(pages.numpy())
+        if self._announce is not None:
+            self._announce(pages.numpy())
 
     def _release_paged(self, below: Any, *page_ids: torch.Tensor) -> Any:
-        released = self._verified.changed if self._verified is not None else None  # (host route only: no sync)
-        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids, released=released)
+        return allocator_tap.release_pages(self.page_owner, self.zero_page, below, *page_ids, released=self._announce)
 
     def _free(self, below: Any, *args: Any) -> Any:
         owner, zero, size = self.page_owner, self.zero_page, self.page_size
-        released = self._verified.changed if self._verified is not None else None
-        return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args, released=released)
+        return allocator_tap.release_slots(owner, zero, size, self.kv_allocator, below, *args, released=self._announce)
 
     def _alloc_rows(self, below: Any, reqs: list[Any]) -> Any:
         out = below(reqs)
