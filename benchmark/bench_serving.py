@@ -50,6 +50,8 @@ loads it too) and adds, per level, the milliseconds per scheduler step of each o
 intake, batch selection, the forward with and without what runs before it, result processing, the tree's
 operations, and sglang-iso's owner check, with its parts on the host route, and scrub), read from
 ``/get_server_info`` before and after each run: the share of each part measured where it runs, without sampling;
+also per forward mode (``<phase>/extend``, ``<phase>/decode``) and the exact step counts (``steps`` in the JSON; the
+table's ``scheduler steps`` rows), where the log-line count of :class:`Batches` is off by up to 40 decode steps;
 each phase twice, by wall time and (``<phase>@cpu``) by the scheduler thread's own CPU time, which leaves out the
 time the thread waited for a core.
 
@@ -190,6 +192,8 @@ class Samples:
     """CPU milliseconds per request of each round, by process (``CPU_ROLES``)."""
     phases: list[dict[str, float]] = field(default_factory=list)
     """With ``--phases``: milliseconds per scheduler step of each phase, each round."""
+    steps: list[dict[str, int]] = field(default_factory=list)
+    """With ``--phases``: the scheduler's steps of each round, all and per forward mode (:func:`step_counts`)."""
 
 
 ROUND_SEEDS = 100_000
@@ -585,6 +589,19 @@ def batches(log: str) -> Batches:
     )
 
 
+def step_counts(phases: dict[str, tuple[float, int]]) -> dict[str, int]:
+    """The exact forward count of a run from :func:`~sglang_iso_testing.phase_timer.per_step`'s calls of the step
+    phase: ``all`` and each forward mode (``extend``, ``decode``, ...). :class:`Batches` counts forwards from the
+    log lines, which SGLang writes every ``--decode-log-interval`` decode steps (40), so its count is off by up to
+    that at each end of a run."""
+    step = phase_timer.STEP
+    prefix = step + "/"
+    counts = {mode.removeprefix(prefix): calls for mode, (_, calls) in phases.items() if mode.startswith(prefix)}
+    if step in phases:
+        counts["all"] = phases[step][1]
+    return {mode: counts[mode] for mode in sorted(counts) if not mode.endswith(phase_timer.CPU)}
+
+
 @dataclass(frozen=True)
 class _Mark:
     seen: int
@@ -712,7 +729,9 @@ class BenchServer:
             shutil.copyfile(details, f"{log_prefix}-{slug}.jsonl")
         new, cached = prefill_tokens(log)
         hit = 100.0 * cached / (new + cached) if new + cached else float("nan")
-        return LevelRun(rate, ttfts, itls, hit, batches(log), cpu_ms, {k: ms for k, (ms, _) in phases.items()})
+        return LevelRun(
+            rate, ttfts, itls, hit, batches(log), cpu_ms, {k: ms for k, (ms, _) in phases.items()}, step_counts(phases)
+        )
 
     def phase_totals(self) -> dict[str, list[float]]:
         """The phase timer's totals of the first scheduler (``--phases``; empty without)."""
@@ -740,6 +759,8 @@ class LevelRun:
     """CPU milliseconds per request by process (``CPU_ROLES``); with ``--profile``, the samplers' cost included."""
     phases: dict[str, float]
     """With ``--phases``: milliseconds per scheduler step (``run_batch``) of each timed phase; else empty."""
+    steps: dict[str, int] = field(default_factory=dict)
+    """With ``--phases``: :func:`step_counts` of the run; else empty."""
 
 
 def per_start(paired: list[float], repeats: int) -> list[float]:
@@ -816,6 +837,12 @@ def table(results: dict[str, dict[Level, Samples]], levels: list[Level], repeats
             ("prefill batches (median of rounds)", statistics.median(b.prefills for b in up.batches),
              statistics.median(b.prefills for b in iso.batches), [b.prefills for b in up.batches],
              [b.prefills for b in iso.batches], 1.0),
+            *(
+                (f"scheduler steps, {mode} (median of rounds)", statistics.median(c.get(mode, 0) for c in up.steps),
+                 statistics.median(c.get(mode, 0) for c in iso.steps), [c.get(mode, 0) for c in up.steps],
+                 [c.get(mode, 0) for c in iso.steps], 1.0)
+                for mode in (("all", "extend", "decode") if up.steps and iso.steps else ())
+            ),
             *(
                 (f"{role} CPU ms per request (median of rounds)", statistics.median(c[role] for c in up.cpu_ms),
                  statistics.median(c[role] for c in iso.cpu_ms), [c[role] for c in up.cpu_ms],
@@ -1048,11 +1075,13 @@ def main(argv: list[str] | None = None) -> int:
             s.p99s.append(p99(got.ttfts))
             if got.phases:
                 s.phases.append(got.phases)
+                s.steps.append(got.steps)
             print(
                 f"  {name:8s} {level.name:24s} {got.rate:5.1f} req/s  TTFT p50 "
                 f"{1e3 * statistics.median(got.ttfts):6.0f} ms  p99 {1e3 * p99(got.ttfts):6.0f} ms  cached "
                 f"{got.hit:4.1f}% of prompt tokens\n  {'':33s} {got.batched.line()}; CPU ms/request: "
-                + ", ".join(f"{role} {got.cpu_ms[role]:.1f}" for role in CPU_ROLES),
+                + ", ".join(f"{role} {got.cpu_ms[role]:.1f}" for role in CPU_ROLES)
+                + ("; steps " + ", ".join(f"{mode} {n}" for mode, n in got.steps.items()) if got.steps else ""),
                 flush=True,
             )
 
@@ -1103,6 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
             s: {lv.name: {"throughput": v.throughput, "p99s": v.p99s, "ttft_p50": statistics.median(v.ttfts),
                           "ttft_p99": p99(v.ttfts), "itl_mean": statistics.fmean(v.itls), "hit_pct": v.hit_pct,
                           "batches": [vars(b) for b in v.batches], "cpu_ms": v.cpu_ms, "phases": v.phases,
+                          "steps": v.steps,
                           "repeats": args.repeats}
                 for lv, v in results[s].items()}
             for s in SERVERS

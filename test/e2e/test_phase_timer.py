@@ -73,6 +73,11 @@ def test_both_servers_report_their_phases_and_only_sglang_iso_runs_its_own(tmp_p
         cpu = phase_timer.CPU
         assert phases[phase_timer.STEP + cpu][1] == steps, (name, phases)
         assert 0 < phases["model_runner._forward_raw" + cpu][0] <= model + 0.01, (name, phases)
+        # per forward mode: the prefill and decode steps add up to the steps, and each runs at least once
+        by_mode = {m: phases[f"{phase_timer.STEP}/{m}"][1] for m in ("extend", "decode") if f"run_batch/{m}" in phases}
+        assert by_mode.get("extend", 0) >= 1 and by_mode.get("decode", 0) >= 1, (name, phases)
+        assert sum(by_mode.values()) == steps, (name, phases)
+        assert phases["model_runner.forward/extend"][1] == by_mode["extend"], (name, phases)
     checked = got["iso"]
     assert checked["owner_check"][1] == checked[phase_timer.STEP][1]  # before every forward
     # its parts on the host route: every check reads the batch there; a decode step is decided from its new column

@@ -19,7 +19,10 @@ too and both servers of a benchmark are timed by the same code at the same point
   reads the batch into host lists around the checks), ``owner_check.decode_verified`` (a decode step decided from
   its new columns) and ``owner_check.rows_host`` (the windows read in full); what ``owner_check`` holds beyond them
   is the code around them. Each wrapper adds about a microsecond per call to sglang-iso's server alone;
-* the garbage collector's passes, ``gc.<generation>`` (a ``gc.callbacks`` entry), inside whichever phase ran them.
+* the garbage collector's passes, ``gc.<generation>`` (a ``gc.callbacks`` entry), inside whichever phase ran them;
+* per forward mode as well (``<phase>/extend``, ``<phase>/decode``, ...: the batch's mode): ``run_batch``,
+  ``process_batch_result``, the runner's two and the owner check, so a prefill step's cost (what a request's time
+  to first token holds) reads apart from a decode step's, and ``run_batch/<mode>``'s calls count the steps.
 
 Each phase accumulates seconds and calls (``time.perf_counter``, scheduler thread; nested phases overlap: a
 phase's time includes the phases it calls, except status reads, ``dispatch.GetInternalStateReq``, which are left
@@ -67,6 +70,8 @@ _LOOP = (
     "process_batch_result",
 )
 _RUNNER = ("forward", "_forward_raw")
+_BY_MODE = frozenset({"run_batch", "process_batch_result"})
+"""Loop phases also timed per forward mode (``run_batch/extend``, ...), with the runner's and the owner check's."""
 _TREE = ("match_prefix", "insert", "evict_for_alloc", "evict", "checkpoint")
 _ISO = (
     ("sglang_iso.integration.owner_check:OwnerTable", "check_batch", "owner_check"),
@@ -110,10 +115,11 @@ def register() -> None:
     HookRegistry.register(f"{internal}.get_internal_state", report, HookType.AFTER)
 
 
-def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Callable[..., Any]:
+def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False, by_mode: bool = False) -> Callable[..., Any]:
     """``fn`` adding its wall time (less the status reads inside it) and one call to ``TOTALS[phase]``, and its
     thread's CPU time (less theirs) to ``TOTALS[phase + CPU]``; an ``excluded`` phase's times are left out of the
-    phases around it."""
+    phases around it. ``by_mode``: also to ``TOTALS[phase + "/" + mode]`` (and its twin), the forward mode of the
+    call's first argument after ``self`` (a batch: ``extend``, ``decode``, ...; :func:`mode_of`)."""
     totals = TOTALS.setdefault(phase, [0.0, 0])
     cpu_totals = TOTALS.setdefault(phase + CPU, [0.0, 0])
 
@@ -126,10 +132,15 @@ def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Call
         finally:
             elapsed = time.perf_counter() - start - (_Excluded.seconds - before)
             cpu = time.thread_time() - cpu_start - (_Excluded.cpu_seconds - cpu_before)
-            totals[0] += elapsed
-            totals[1] += 1
-            cpu_totals[0] += cpu
-            cpu_totals[1] += 1
+            parts = [(totals, cpu_totals)]
+            if by_mode:
+                split = f"{phase}/{mode_of(args[1] if len(args) > 1 else next(iter(kwargs.values()), None))}"
+                parts.append((TOTALS.setdefault(split, [0.0, 0]), TOTALS.setdefault(split + CPU, [0.0, 0])))
+            for wall_totals, thread_totals in parts:
+                wall_totals[0] += elapsed
+                wall_totals[1] += 1
+                thread_totals[0] += cpu
+                thread_totals[1] += 1
             if excluded:
                 _Excluded.seconds += elapsed
                 _Excluded.cpu_seconds += cpu
@@ -138,13 +149,19 @@ def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False) -> Call
     return wrapper
 
 
-def wrap_method(owner: Any, name: str, phase: str) -> bool:
+def mode_of(batch: Any) -> str:
+    """A batch's forward mode in lower case (``extend``, ``decode``, ``idle``, ...), ``other`` without one."""
+    name = getattr(getattr(batch, "forward_mode", None), "name", None)
+    return name.lower() if isinstance(name, str) else "other"
+
+
+def wrap_method(owner: Any, name: str, phase: str, *, by_mode: bool = False) -> bool:
     """Time ``owner.name`` as ``phase``: a class's method (inherited or not), or a function where a module looks it up
-    (the name it imported); False when it is absent or already timed."""
+    (the name it imported); False when it is absent or already timed. ``by_mode``: see :func:`timed`."""
     fn = getattr(owner, name, None)
     if not callable(fn) or hasattr(fn, "__phase_timer__"):
         return False
-    setattr(owner, name, timed(phase, fn))
+    setattr(owner, name, timed(phase, fn, by_mode=by_mode))
     return True
 
 
@@ -154,7 +171,7 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
 
     scheduler_cls = pkgutil.resolve_name(_SCHEDULER)
     for name in _LOOP:
-        wrap_method(scheduler_cls, name, name)
+        wrap_method(scheduler_cls, name, name, by_mode=name in _BY_MODE)
     # NOTE: the scheduler dispatches each message type to a method bound at its start (hooks included): time
     # those, per type (a generation request, and any control message a server sends itself).
     mapping = getattr(getattr(scheduler, "_request_dispatcher", None), "_mapping", None)
@@ -168,14 +185,14 @@ def wrap_phases(_result: Any, scheduler: Any, *_args: Any, **_kwargs: Any) -> No
         wrap_method(type(receiver), "recv_requests", "recv_requests")
     runner_cls = pkgutil.resolve_name(_MODEL_RUNNER)
     for name in _RUNNER:
-        wrap_method(runner_cls, name, f"model_runner.{name}")
+        wrap_method(runner_cls, name, f"model_runner.{name}", by_mode=True)
     tree = getattr(scheduler, "tree_cache", None)
     if tree is not None:
         for name in _TREE:
             wrap_method(type(tree), name, f"tree.{name}")
     for target, name, phase in (*_ISO, *_ISO_PARTS):
         # NOTE: the comparison server never builds these: their phases stay at zero calls there.
-        wrap_method(pkgutil.resolve_name(target), name, phase)
+        wrap_method(pkgutil.resolve_name(target), name, phase, by_mode=phase == "owner_check")
     time_gc()
     logger.warning("sglang-iso: TEST phase timer on %s", ", ".join(sorted(TOTALS)))
 

@@ -347,3 +347,29 @@ def test_interleave_runs_every_level_in_blocks(
     assert pooled["iso"]["gsp c=8"]["throughput"] == [5.0, 5.0]
     with pytest.raises(SystemExit):
         bench.main(["--interleave", "--schedule", "sequential", "--levels", "gsp:8", "--plot", ""])
+
+
+def test_step_counts_are_the_step_phase_s_calls_per_mode(bench: ModuleType) -> None:
+    phases = {
+        "run_batch": (10.0, 24), "run_batch@cpu": (9.0, 24), "run_batch/extend": (6.0, 4),
+        "run_batch/extend@cpu": (5.5, 4), "run_batch/decode": (4.0, 20), "owner_check/decode": (0.1, 20),
+        "model_runner.forward": (8.0, 24),
+    }  # fmt: skip
+    assert bench.step_counts(phases) == {"all": 24, "decode": 20, "extend": 4}
+    assert bench.step_counts({}) == {}  # (without --phases: no steps)
+
+
+def test_the_table_shows_steps_per_mode_when_both_servers_have_them(bench: ModuleType) -> None:
+    level = bench.Level("gsp", 8, 1)
+    results = {s: {level: bench.Samples()} for s in bench.SERVERS}
+    made = bench.Batches(400, 50, 3.7, 7.3, 9)
+    for name, decode in (("upstream", 380), ("iso", 390)):
+        s = results[name][level]
+        s.throughput, s.ttfts, s.itls, s.p99s, s.hit_pct = [30.0], [0.1, 0.2], [0.01], [0.2], [80.0]
+        s.batches, s.cpu_ms = [made], [{"http": 3.0, "scheduler": 50.0}]
+        s.steps = [{"all": decode + 50, "decode": decode, "extend": 50}]
+    rows = bench.table(results, [level]).splitlines()
+    decode_row = next(r for r in rows if "scheduler steps, decode" in r)
+    assert "| 380.0 | 390.0 | 1.03 |" in decode_row, decode_row
+    results["iso"][level].steps = []  # control: a server without steps shows no step rows
+    assert not any("scheduler steps" in r for r in bench.table(results, [level]).splitlines())

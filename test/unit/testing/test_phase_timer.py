@@ -138,3 +138,37 @@ def test_the_collectors_passes_are_timed_by_generation_once_per_process() -> Non
         assert phase_timer.TOTALS["gc.0"][1] >= 1
     finally:
         gc.callbacks.remove(phase_timer._gc_pass)
+
+
+def test_a_phase_timed_by_mode_adds_each_call_to_its_batch_s_mode_too() -> None:
+    import enum
+    import types
+
+    class Mode(enum.Enum):
+        EXTEND = 1
+        DECODE = 2
+
+    class Runner:
+        def forward(self, batch: object) -> object:
+            return batch
+
+    class Plain:
+        def forward(self, batch: object) -> object:
+            return batch
+
+    assert phase_timer.wrap_method(Runner, "forward", "fwd", by_mode=True)
+    assert phase_timer.wrap_method(Plain, "forward", "plain")
+    extend, decode = types.SimpleNamespace(forward_mode=Mode.EXTEND), types.SimpleNamespace(forward_mode=Mode.DECODE)
+    for batch in (extend, decode, decode):
+        assert Runner().forward(batch) is batch
+        Plain().forward(batch)
+    Runner().forward(batch=decode)  # (passed by keyword)
+    Runner().forward(object())  # no mode
+    assert phase_timer.TOTALS["fwd"][1] == 5
+    assert phase_timer.TOTALS["fwd/extend"][1] == 1 and phase_timer.TOTALS["fwd/extend@cpu"][1] == 1
+    assert phase_timer.TOTALS["fwd/decode"][1] == 3
+    assert phase_timer.TOTALS["fwd/other"][1] == 1
+    split = sum(phase_timer.TOTALS[f"fwd/{m}"][0] for m in ("extend", "decode", "other"))
+    assert split == pytest.approx(phase_timer.TOTALS["fwd"][0])
+    # control: a phase timed without by_mode is not split
+    assert phase_timer.TOTALS["plain"][1] == 3 and not any(k.startswith("plain/") for k in phase_timer.TOTALS)
