@@ -12,9 +12,10 @@ kernels run in Triton's interpreter (slow; for tests).
 from __future__ import annotations
 
 from sglang_iso_kernels.row_check import clean_rows_host, sanitize_rows
-from sglang_iso_kernels.scrub import scrub_pages
+from sglang_iso_kernels.scrub import HostScrubber, scrub_pages
 
 __all__ = [
+    "HostScrubber",
     "clean_rows_host",
     "sanitize_rows",
     "scrub_pages",

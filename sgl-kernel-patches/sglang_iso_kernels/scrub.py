@@ -72,6 +72,68 @@ def scrub_pages(
             _fill_rows(buf).index_fill_(0, rows, 0)
 
 
+class HostScrubber:
+    """:func:`scrub_pages` for a fixed set of host buffers, checked and viewed as byte rows once.
+
+    A scheduler zeroes the same pool's buffers before every hand-out; :func:`scrub_pages` re-validates each buffer
+    and makes its views on every call, about 20 us for four buffers whatever the page count, where the zeroing of
+    a request's pages takes a few. Here each call checks only its page ids (numpy, no torch op) and, where they form
+    a few contiguous runs (pages freed together, as a tree node's are), zeroes each run as one slice per buffer.
+    """
+
+    MAX_RUNS = 4
+    """Runs of consecutive pages zeroed as slices; more are zeroed by fancy indexing, one store per buffer."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor], page_size: int) -> None:
+        """Raises:
+        ValueError: as :func:`scrub_pages` for these buffers, or a buffer is not on the host.
+        """
+        _validate(buffers, torch.empty(0, dtype=torch.int64), page_size)  # (every buffer on the host, contiguous)
+        self.page_size = page_size
+        self.buffers = [buf for buf in buffers if buf.numel() > 0]
+        self.pages_limit = min((buf.shape[0] for buf in buffers), default=0) // page_size
+        """Page ids must lie below this: the smallest buffer's whole pages."""
+        self._views: list[np.ndarray] = []
+        self._ptrs: list[int] = []
+        self._view()
+
+    def _view(self) -> None:
+        self._views = [_byte_rows(buf).numpy() for buf in self.buffers]  # [num_slots, row_bytes] uint8 each
+        self._ptrs = [buf.data_ptr() for buf in self.buffers]
+
+    def zero(self, pages: np.ndarray) -> int:
+        """Zero every row of ``pages`` (1-D int64 page ids, any order, duplicates harmless) in every buffer, in
+        place; the number of distinct pages zeroed.
+
+        Raises:
+            ValueError: ``pages`` is not 1-D int64, or a page id is negative or past the smallest buffer's pages.
+        """
+        if not isinstance(pages, np.ndarray) or pages.ndim != 1 or pages.dtype != np.int64:
+            raise ValueError("pages must be a 1-D int64 array")
+        if pages.size == 0:
+            return 0
+        unique = np.unique(pages)  # sorted
+        lo, hi = int(unique[0]), int(unique[-1])
+        if lo < 0 or hi >= self.pages_limit:
+            raise ValueError(f"page ids must lie in [0, {self.pages_limit}) for page_size={self.page_size}, "
+                             f"got min={lo} max={hi}")  # fmt: skip
+        if [buf.data_ptr() for buf in self.buffers] != self._ptrs:
+            self._view()  # NOTE: a buffer's storage was replaced: view the memory it holds now
+        size = self.page_size
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        if breaks.size < self.MAX_RUNS:
+            firsts = unique[np.concatenate(([0], breaks))].tolist()
+            lasts = unique[np.concatenate((breaks - 1, [unique.size - 1]))].tolist()
+            for view in self._views:
+                for first, last in zip(firsts, lasts, strict=True):
+                    view[first * size : (last + 1) * size] = 0
+        else:
+            rows = unique if size == 1 else (unique[:, None] * size + np.arange(size)).reshape(-1)
+            for view in self._views:
+                view[rows] = 0
+        return int(unique.size)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # private helpers
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sglang_iso_kernels import _scrub_triton, scrub_pages
+from sglang_iso_kernels import HostScrubber, _scrub_triton, scrub_pages
 from test.kernels.conftest import SEEDS
 
 HEADS, HEAD_DIM, LAYERS = 2, 4, 2
@@ -180,3 +183,51 @@ def test_scrub_gpu_large_pool_matches_torch(layout: str) -> None:
     scrub_pages(twins, pages, page_size, use_triton=False)
     for a, b in zip(buffers, twins, strict=True):
         assert torch.equal(_as_bytes(a), _as_bytes(b))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HostScrubber: the scheduler's route on the host, buffers viewed once
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    page_size=st.sampled_from([1, 4]),
+    pages=st.lists(st.integers(0, 23), max_size=30),
+    runs=st.sampled_from([0, 1, HostScrubber.MAX_RUNS, 100]),
+)
+def test_host_scrubber_zeroes_what_scrub_pages_zeroes(page_size: int, pages: list[int], runs: int) -> None:
+    """Any page list, as contiguous runs (slices) or not (fancy indexing, forced with ``MAX_RUNS`` 0): the bytes
+    of the listed pages are zero and every other byte is unchanged, exactly as :func:`scrub_pages` leaves them."""
+    gen = torch.Generator().manual_seed(len(pages) * 31 + runs)
+    buffers = _make_pool(gen, 24, page_size, "cpu")
+    expected = [b.clone() for b in buffers]
+    before = [b.clone() for b in buffers]
+    scrub_pages(expected, torch.tensor(pages, dtype=torch.int64), page_size, use_triton=False)
+    host = HostScrubber(buffers, page_size)
+    host.MAX_RUNS = runs  # type: ignore[misc]  # (an instance attribute shadows the class's)
+    assert host.zero(np.array(pages, dtype=np.int64)) == len(set(pages))
+    _assert_scrubbed(before, buffers, pages, page_size)
+    assert all(torch.equal(a, b) for a, b in zip(buffers, expected, strict=True))
+
+
+def test_host_scrubber_refuses_what_scrub_pages_refuses() -> None:
+    buf = torch.ones(8, 3)  # 4 pages of 2 slots
+    host = HostScrubber([buf], 2)
+    for bad in (np.array([4]), np.array([-1]), np.array([1], dtype=np.int32), np.array([[1]])):
+        with pytest.raises(ValueError, match=r"pages|page ids"):
+            host.zero(bad)
+    assert torch.all(buf == 1)  # nothing zeroed by a refused call
+    assert host.zero(np.array([3, 3])) == 1  # positive control: the last page is in range, zeroed once
+    assert torch.all(buf[6:] == 0) and torch.all(buf[:6] == 1)
+    with pytest.raises(ValueError, match="buffers"):
+        HostScrubber([buf.transpose(0, 1)], 1)  # not contiguous: refused when built, as scrub_pages refuses
+
+
+def test_host_scrubber_follows_a_buffer_whose_storage_was_replaced() -> None:
+    buf = torch.ones(6, 2)
+    host = HostScrubber([buf], 1)
+    host.zero(np.array([0], dtype=np.int64))
+    assert torch.all(buf[0] == 0) and torch.all(buf[1:] == 1)
+    buf.set_(torch.ones(6, 2))  # the pool's tensor now holds other memory
+    host.zero(np.array([5], dtype=np.int64))
+    assert torch.all(buf[5] == 0) and torch.all(buf[:5] == 1), "the old memory was zeroed, not the buffer's"

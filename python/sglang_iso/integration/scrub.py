@@ -20,7 +20,7 @@ page races with its zeroing (overlap scheduler). Freed request rows of
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from sglang_iso import coverage
 from sglang_iso.coverage import NotCoveredError
 from sglang_iso.integration import allocator_tap
 from sglang_iso.integration.allocator_tap import Order
+
+if TYPE_CHECKING:
+    from sglang_iso_kernels import HostScrubber
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class KvScrubber:
                 f"allocator's ({getattr(kvcache, 'page_size', None)} vs {self.page_size})"
             )
         self._check_request_rows(self.tensors)
+        self._host = _host_scrubbers(self.tensors, self.page_size)
         self.pending: list[torch.Tensor] = []  # page ids released but not yet zeroed
         self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
         self.scrub_calls = 0
@@ -124,14 +128,26 @@ class KvScrubber:
         """
         self._check_request_rows(tensors)
         self.tensors = self.tensors.joined(tensors)
+        self._host = _host_scrubbers(self.tensors, self.page_size)
         self.draft_buffers += tensors.total()
 
     def flush(self) -> int:
         """Zero every pending page now; returns the number of pages zeroed."""
         if not self.pending:
             return 0
+        if self._host is not None and all(p.device.type == "cpu" for p in self.pending):
+            # NOTE: numpy, single-threaded, the buffers viewed once (sglang_iso_kernels.scrub.HostScrubber): this
+            # runs before every hand-out.
+            released = np.concatenate([p.numpy() for p in self.pending]).astype(np.int64)
+            self.pending = []
+            slots, pages_only = self._host
+            count = slots.zero(released)
+            if pages_only is not None:
+                pages_only.zero(released)
+            self.scrubbed_pages += count
+            self.scrub_calls += 1
+            return count
         if all(p.device.type == "cpu" for p in self.pending):
-            # NOTE: numpy, single-threaded (see sglang_iso_kernels.scrub): this runs before every hand-out.
             pages = torch.from_numpy(np.unique(np.concatenate([p.numpy() for p in self.pending]).astype(np.int64)))
         else:
             pages = torch.unique(torch.cat(self.pending).to(torch.int64))
@@ -302,6 +318,15 @@ def _is_linear_hybrid(kvcache: Any) -> bool:
 def attention_kv_pool(kvcache: Any) -> Any:
     """The pool holding attention KV by token slot: the attention part of a linear-attention hybrid, else itself."""
     return kvcache.full_kv_pool if _is_linear_hybrid(kvcache) else kvcache
+
+
+def _host_scrubbers(tensors: PoolTensors, page_size: int) -> tuple[HostScrubber, HostScrubber | None] | None:
+    """Host scrubbers of the slot-row and page-row tensors when every one of them is on the host, else None."""
+    if not all(t.device.type == "cpu" for t in (*tensors.slots, *tensors.pages)):
+        return None
+    from sglang_iso_kernels import HostScrubber
+
+    return HostScrubber(tensors.slots, page_size), HostScrubber(tensors.pages, 1) if tensors.pages else None
 
 
 def zero_pages(tensors: PoolTensors, pages: torch.Tensor, page_size: int) -> None:
