@@ -39,6 +39,7 @@ import hmac
 import json
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
@@ -422,8 +423,8 @@ class TenantGate:
             return None
         self._reading[reader] = self._reading.get(reader, 0) + 1
         try:
-            body = await asyncio.wait_for(_read_body(receive), self.body_timeout_s)
-        except TimeoutError:
+            body = await _within(self.body_timeout_s, _read_body(receive))
+        except (TimeoutError, asyncio.TimeoutError):  # (one class from Python 3.11 on)
             _refused("body_timeout", str(scope.get("path", "")), reader)
             await self._error(
                 send, 408, "body_timeout", f"The request body did not arrive within {self.body_timeout_s:g} s."
@@ -580,6 +581,15 @@ def _refused(reason: str, path: str, tenant: str | None = None) -> None:
     if m is not None:
         m["auth_failures"].labels(reason=reason).inc()
     observability.audit("auth_failure", reason=reason, path=path, tenant=tenant)
+
+
+async def _within(seconds: float, reading: Awaitable[bytes | None]) -> bytes | None:
+    """``reading``, cancelled after ``seconds`` (TimeoutError). NOTE: ``asyncio.timeout`` where there is one: a
+    timer on the running task, where ``wait_for`` makes a task of each request's body read."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await reading
+    return await asyncio.wait_for(reading, seconds)
 
 
 async def _read_body(receive: Receive) -> bytes | None:
