@@ -90,7 +90,7 @@ class KvScrubber:
         self._check_request_rows(self.tensors)
         self._host = _host_scrubbers(self.tensors, self.page_size)
         self.pending: list[torch.Tensor] = []  # page ids released but not yet zeroed
-        self.scrubbed_pages = 0  # pages zeroed so far (a page freed twice between hand-outs counts twice)
+        self.scrubbed_pages = 0  # pages zeroed so far: each hand-out's distinct pages (freed again later: again)
         self.scrub_calls = 0
         self.reset_rows = 0
         self.draft_buffers = 0  # how many of ``buffers`` belong to a draft model's pool
