@@ -62,10 +62,7 @@ def scrub_pages(
         # NOTE: numpy stores into byte views of the same memory: single-threaded, where torch's index_fill_ opens
         # a thread-parallel region past 32k elements, which costs milliseconds on a host whose cores are busy
         # with the forward (about 1 ms per freed request's pages in a 2-core server, against 6 us here).
-        pages = page_ids.numpy()
-        rows = pages if page_size == 1 else (pages[:, None] * page_size + np.arange(page_size)).reshape(-1)
-        for buf in live:
-            _byte_rows(buf).numpy()[rows] = 0
+        _zero_host_rows([_byte_rows(buf).numpy() for buf in live], np.unique(page_ids.numpy()), page_size)
     else:
         rows = _page_rows(page_ids, page_size)  # [num_pages * page_size] int64
         for buf in live:
@@ -119,19 +116,27 @@ class HostScrubber:
                              f"got min={lo} max={hi}")  # fmt: skip
         if [buf.data_ptr() for buf in self.buffers] != self._ptrs:
             self._view()  # NOTE: a buffer's storage was replaced: view the memory it holds now
-        size = self.page_size
-        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-        if breaks.size < self.MAX_RUNS:
-            firsts = unique[np.concatenate(([0], breaks))].tolist()
-            lasts = unique[np.concatenate((breaks - 1, [unique.size - 1]))].tolist()
-            for view in self._views:
-                for first, last in zip(firsts, lasts, strict=True):
-                    view[first * size : (last + 1) * size] = 0
-        else:
-            rows = unique if size == 1 else (unique[:, None] * size + np.arange(size)).reshape(-1)
-            for view in self._views:
-                view[rows] = 0
+        _zero_host_rows(self._views, unique, self.page_size, self.MAX_RUNS)
         return int(unique.size)
+
+
+def _zero_host_rows(views: list[np.ndarray], unique: np.ndarray, page_size: int, max_runs: int = 4) -> None:
+    """Zero the rows of pages ``unique`` (sorted, distinct, in range) in each ``[num_slots, row_bytes]`` byte view:
+    up to ``max_runs`` runs of consecutive pages as one slice each, more by fancy indexing (one store per view;
+    numpy, for the reason :func:`scrub_pages` gives)."""
+    if unique.size == 0:
+        return
+    breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+    if breaks.size < max_runs:
+        firsts = unique[np.concatenate(([0], breaks))].tolist()
+        lasts = unique[np.concatenate((breaks - 1, [unique.size - 1]))].tolist()
+        for view in views:
+            for first, last in zip(firsts, lasts, strict=True):
+                view[first * page_size : (last + 1) * page_size] = 0
+    else:
+        rows = unique if page_size == 1 else (unique[:, None] * page_size + np.arange(page_size)).reshape(-1)
+        for view in views:
+            view[rows] = 0
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -132,21 +132,23 @@ def timed(phase: str, fn: Callable[..., Any], *, excluded: bool = False, by_mode
         finally:
             elapsed = time.perf_counter() - start - (_Excluded.seconds - before)
             cpu = time.thread_time() - cpu_start - (_Excluded.cpu_seconds - cpu_before)
-            parts = [(totals, cpu_totals)]
+            _add(totals, cpu_totals, elapsed, cpu)
             if by_mode:
                 split = f"{phase}/{mode_of(args[1] if len(args) > 1 else next(iter(kwargs.values()), None))}"
-                parts.append((TOTALS.setdefault(split, [0.0, 0]), TOTALS.setdefault(split + CPU, [0.0, 0])))
-            for wall_totals, thread_totals in parts:
-                wall_totals[0] += elapsed
-                wall_totals[1] += 1
-                thread_totals[0] += cpu
-                thread_totals[1] += 1
+                _add(TOTALS.setdefault(split, [0.0, 0]), TOTALS.setdefault(split + CPU, [0.0, 0]), elapsed, cpu)
             if excluded:
                 _Excluded.seconds += elapsed
                 _Excluded.cpu_seconds += cpu
 
     wrapper.__phase_timer__ = phase  # type: ignore[attr-defined]
     return wrapper
+
+
+def _add(totals: list[float], cpu_totals: list[float], elapsed: float, cpu: float) -> None:
+    totals[0] += elapsed
+    totals[1] += 1
+    cpu_totals[0] += cpu
+    cpu_totals[1] += 1
 
 
 def mode_of(batch: Any) -> str:

@@ -147,10 +147,7 @@ class KvScrubber:
             self.scrubbed_pages += count
             self.scrub_calls += 1
             return count
-        if all(p.device.type == "cpu" for p in self.pending):
-            pages = torch.from_numpy(np.unique(np.concatenate([p.numpy() for p in self.pending]).astype(np.int64)))
-        else:
-            pages = torch.unique(torch.cat(self.pending).to(torch.int64))
+        pages = torch.unique(torch.cat(self.pending).to(torch.int64))  # (a device pool; the host route is above)
         self.pending = []
         if pages.is_cuda and self.forward_stream is not None:
             # NOTE: a forward still reading these pages must finish before they are zeroed.
