@@ -62,7 +62,7 @@ def scrub_pages(
         # NOTE: numpy stores into byte views of the same memory: single-threaded, where torch's index_fill_ opens
         # a thread-parallel region past 32k elements, which costs milliseconds on a host whose cores are busy
         # with the forward (about 1 ms per freed request's pages in a 2-core server, against 6 us here).
-        _zero_host_rows([_byte_rows(buf).numpy() for buf in live], np.unique(page_ids.numpy()), page_size)
+        _zero_host_rows([_byte_rows(buf).numpy() for buf in live], _sorted_distinct(page_ids.numpy()), page_size)
     else:
         rows = _page_rows(page_ids, page_size)  # [num_pages * page_size] int64
         for buf in live:
@@ -109,7 +109,7 @@ class HostScrubber:
             raise ValueError("pages must be a 1-D int64 array")
         if pages.size == 0:
             return 0
-        unique = np.unique(pages)  # sorted
+        unique = _sorted_distinct(pages)
         lo, hi = int(unique[0]), int(unique[-1])
         if lo < 0 or hi >= self.pages_limit:
             raise ValueError(f"page ids must lie in [0, {self.pages_limit}) for page_size={self.page_size}, "
@@ -118,6 +118,21 @@ class HostScrubber:
             self._view()  # NOTE: a buffer's storage was replaced: view the memory it holds now
         _zero_host_rows(self._views, unique, self.page_size, self.MAX_RUNS)
         return int(unique.size)
+
+
+def _sorted_distinct(ids: np.ndarray) -> np.ndarray:
+    """``ids`` (1-D) sorted, each once: ``np.unique``'s answer.
+
+    NOTE: a sort and a neighbour comparison; ``np.unique`` itself took 90-215 us for a freed node's ~600 page ids
+    inside a serving scheduler (thread CPU; the most on ids already sorted, the usual case), this 15-20 us.
+    """
+    ordered = np.sort(ids)
+    if ordered.size < 2:
+        return ordered
+    first = np.empty(ordered.size, dtype=bool)
+    first[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    return ordered[first]
 
 
 def _zero_host_rows(views: list[np.ndarray], unique: np.ndarray, page_size: int, max_runs: int = 4) -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_iso_kernels import HostScrubber, _scrub_triton, scrub_pages
+from sglang_iso_kernels.scrub import _sorted_distinct
 from test.kernels.conftest import SEEDS
 
 HEADS, HEAD_DIM, LAYERS = 2, 4, 2
@@ -208,6 +209,16 @@ def test_host_scrubber_zeroes_what_scrub_pages_zeroes(page_size: int, pages: lis
     assert host.zero(np.array(pages, dtype=np.int64)) == len(set(pages))
     _assert_scrubbed(before, buffers, pages, page_size)
     assert all(torch.equal(a, b) for a, b in zip(buffers, expected, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids=st.lists(st.integers(-3, 40), max_size=60), ordered=st.booleans())
+def test_sorted_distinct_is_np_unique(ids: list[int], ordered: bool) -> None:
+    """The page ids a host scrub zeroes, sorted and each once: exactly ``np.unique``'s answer, for ids in any order,
+    with duplicates, already sorted (the usual hand-out: one freed node's run), one or none."""
+    array = np.array(sorted(ids) if ordered else ids, dtype=np.int64)
+    got = _sorted_distinct(array)
+    assert got.dtype == np.int64 and np.array_equal(got, np.unique(array))
 
 
 def test_host_scrubber_refuses_what_scrub_pages_refuses() -> None:
