@@ -141,6 +141,13 @@ def _zero_host_rows(views: list[np.ndarray], unique: np.ndarray, page_size: int,
     numpy, for the reason :func:`scrub_pages` gives)."""
     if unique.size == 0:
         return
+    first, last = int(unique[0]), int(unique[-1])
+    if max_runs >= 1 and last - first + 1 == unique.size:
+        # NOTE: one run (the usual hand-out: a freed node's pages), found without the array operations below, each
+        # of which costs several microseconds in a scheduler between two forwards.
+        for view in views:
+            view[first * page_size : (last + 1) * page_size] = 0
+        return
     breaks = np.flatnonzero(np.diff(unique) != 1) + 1
     if breaks.size < max_runs:
         firsts = unique[np.concatenate(([0], breaks))].tolist()
