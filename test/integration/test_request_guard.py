@@ -14,8 +14,9 @@ VOCAB = 2048
 
 
 def id_by_id(ids: list[Any], vocab: int) -> bool:
-    """The rule, one id at a time: every id an int (a bool counts, as SGLang's embedding takes it) in range."""
-    return all(isinstance(t, int) and 0 <= t < vocab for t in ids)
+    """The rule, one id at a time: every id an integer (an int, a bool, a numpy integer: what ``operator.index``
+    takes, as SGLang's embedding does) in range."""
+    return all(isinstance(t, int | np.integer) and 0 <= int(t) < vocab for t in ids)
 
 
 ids_like = st.lists(
@@ -25,7 +26,9 @@ ids_like = st.lists(
         st.floats(allow_nan=True),
         st.text(max_size=2),
         st.none(),
-        st.integers(0, VOCAB - 1).map(np.int64),
+        st.integers(-3, VOCAB + 3).map(np.int64),
+        st.integers(0, 255).map(np.uint8),
+        st.integers(-(2**70), 2**70),
     ),
     min_size=1,
     max_size=40,

@@ -25,7 +25,11 @@ prevented up front (the gate's rules, the check above).
 from __future__ import annotations
 
 import logging
+import operator
+from array import array
 from typing import Any
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +39,40 @@ _NO_BAD_ID = object()
 
 
 def input_ids_problem(input_ids: Any, vocab_size: int | None) -> str | None:
-    """Why ``input_ids`` cannot be run, or None. Never raises."""
+    """Why ``input_ids`` cannot be run, or None. Never raises.
+
+    An id is an integer (an ``int``, a ``bool``, a numpy integer: anything ``operator.index`` takes) inside the
+    vocabulary; anything else is named in the answer.
+    """
     if input_ids is None:
         return None
     try:
-        ids = list(input_ids)
+        ids = input_ids if type(input_ids) is list else list(input_ids)
     except TypeError:
         return "input_ids is not a sequence"
     if not ids:
         return "the prompt is empty"
     if vocab_size is not None:
-        if set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab_size:
-            return None  # NOTE: a prompt of plain ints in range, decided in C; anything else is searched below
-        bad = next((t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size), _NO_BAD_ID)
+        try:
+            # NOTE: the common case in one C pass (the ids packed as int64) and two reductions: a prompt of ~1,400
+            # ids cost 126 us of scheduler thread CPU as three passes over its Python ints (types, min, max).
+            packed = np.frombuffer(array("q", ids), dtype=np.int64)
+        except (TypeError, OverflowError, ValueError):
+            packed = None  # (an item that is no integer, or one past int64: searched below)
+        if packed is not None and int(packed.min()) >= 0 and int(packed.max()) < vocab_size:
+            return None
+        bad = next((t for t in ids if not _in_vocabulary(t, vocab_size)), _NO_BAD_ID)
         if bad is not _NO_BAD_ID:
             return f"token id {bad!r} is outside the vocabulary [0, {vocab_size})"
     return None
+
+
+def _in_vocabulary(token: Any, vocab_size: int) -> bool:
+    try:
+        value = operator.index(token)
+    except TypeError:
+        return False
+    return 0 <= value < vocab_size
 
 
 def bootstrap_problem(server_args: Any, recv_req: Any) -> str | None:
