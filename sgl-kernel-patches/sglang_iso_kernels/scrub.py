@@ -143,22 +143,21 @@ def _zero_host_rows(views: list[np.ndarray], unique: np.ndarray, page_size: int,
         return
     first, last = int(unique[0]), int(unique[-1])
     if max_runs >= 1 and last - first + 1 == unique.size:
-        # NOTE: one run (the usual hand-out: a freed node's pages), found without the array operations below, each
-        # of which costs several microseconds in a scheduler between two forwards.
-        for view in views:
-            view[first * page_size : (last + 1) * page_size] = 0
-        return
-    breaks = np.flatnonzero(np.diff(unique) != 1) + 1
-    if breaks.size < max_runs:
+        # NOTE: one run (the usual hand-out: a freed node's pages), found without the run search below, whose array
+        # operations cost several microseconds each in a scheduler between two forwards.
+        firsts, lasts = [first], [last]
+    else:
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        if breaks.size >= max_runs:
+            rows = unique if page_size == 1 else (unique[:, None] * page_size + np.arange(page_size)).reshape(-1)
+            for view in views:
+                view[rows] = 0
+            return
         firsts = unique[np.concatenate(([0], breaks))].tolist()
         lasts = unique[np.concatenate((breaks - 1, [unique.size - 1]))].tolist()
-        for view in views:
-            for first, last in zip(firsts, lasts, strict=True):
-                view[first * page_size : (last + 1) * page_size] = 0
-    else:
-        rows = unique if page_size == 1 else (unique[:, None] * page_size + np.arange(page_size)).reshape(-1)
-        for view in views:
-            view[rows] = 0
+    for view in views:
+        for run_first, run_last in zip(firsts, lasts, strict=True):
+            view[run_first * page_size : (run_last + 1) * page_size] = 0
 
 
 # ---------------------------------------------------------------------------------------------------------
