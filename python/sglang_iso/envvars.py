@@ -125,6 +125,13 @@ CPU_PROFILE_DIR = EnvVar(
     None,
     "harness",
 )
+FORWARD_GAP_US = EnvVar(
+    "SGLANG_ISO_FORWARD_GAP_US",
+    "microseconds the test plugin sglang_iso_testing.forward_gap holds the scheduler before every second forward "
+    "(benchmark/forward_gap.py)",
+    "0",
+    "harness",
+)
 BASELINE = EnvVar(
     "SGLANG_ISO_BASELINE",
     "'1': `python -m sglang_iso.baseline_server`, plain upstream for comparison: the plugin applies the CPU shims "
@@ -160,6 +167,7 @@ ALL: tuple[EnvVar, ...] = (
     TESTING,
     START_LOG,
     CPU_PROFILE_DIR,
+    FORWARD_GAP_US,
     BASELINE,
 )
 """Every declared variable, in the order above."""
