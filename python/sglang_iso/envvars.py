@@ -132,6 +132,12 @@ FORWARD_GAP_US = EnvVar(
     "0",
     "harness",
 )
+FORWARD_GAP_KB = EnvVar(
+    "SGLANG_ISO_FORWARD_GAP_KB",
+    "kilobytes the test plugin sglang_iso_testing.forward_gap writes over during each of its holds (0: none)",
+    "0",
+    "harness",
+)
 BASELINE = EnvVar(
     "SGLANG_ISO_BASELINE",
     "'1': `python -m sglang_iso.baseline_server`, plain upstream for comparison: the plugin applies the CPU shims "
@@ -168,6 +174,7 @@ ALL: tuple[EnvVar, ...] = (
     START_LOG,
     CPU_PROFILE_DIR,
     FORWARD_GAP_US,
+    FORWARD_GAP_KB,
     BASELINE,
 )
 """Every declared variable, in the order above."""

@@ -46,42 +46,61 @@ def test_every_second_forward_waits_and_each_half_is_timed_apart() -> None:
     assert starts[1] - starts[0] >= 0.02
     assert starts[3] - starts[2] >= 0.02
     assert {k: row[2] for k, row in forward_gap.TOTALS.items()} == {
-        "decode/none": 1, "decode/gap": 1, "extend/none": 1, "extend/gap": 1,
+        "decode/none": 1, "decode/gap": 1, "extend/none": 1, "extend/gap": 1, "hold": 2,
     }  # fmt: skip
-    # the hold is before the forward, not in its time
+    # the hold is before the forward, not in its time, and is counted apart
     assert forward_gap.TOTALS["decode/gap"][0] < 0.015
+    assert forward_gap.TOTALS["hold"][0] >= 0.04
+
+
+def test_a_hold_over_a_buffer_writes_all_of_it_and_lasts_the_gap() -> None:
+    buffer = bytearray(10_000)  # (not a whole number of pages: the last one is cut to fit)
+    start = time.perf_counter()
+    forward_gap.hold(5_000, buffer)
+    assert time.perf_counter() - start >= 0.005
+    assert buffer == b"\x01" * 10_000
+    untouched = bytearray(3)
+    forward_gap.hold(0, untouched)  # a zero gap still writes it once
+    assert untouched == b"\x01" * 3
 
 
 def test_cost_needs_both_halves_between_the_reports() -> None:
-    before = {"decode/none": [1.0, 0.5, 10], "decode/gap": [2.0, 1.0, 10]}
-    after = {"decode/none": [1.3, 0.8, 110], "decode/gap": [2.5, 1.4, 110]}
+    before = {"decode/none": [1.0, 0.5, 10], "decode/gap": [2.0, 1.0, 10], "hold": [0.1, 0.0, 10]}
+    after = {"decode/none": [1.3, 0.8, 110], "decode/gap": [2.5, 1.4, 110], "hold": [0.13, 0.0, 110]}
     cost = forward_gap.cost(before, after, "decode")
     assert cost == pytest.approx(
         {"gap_wall_ms": 5.0, "gap_cpu_ms": 4.0, "gap_forwards": 100, "none_wall_ms": 3.0, "none_cpu_ms": 3.0,
-         "none_forwards": 100}
+         "none_forwards": 100, "hold_ms": 0.3}
     )  # fmt: skip
     assert forward_gap.cost(before, before, "decode") is None
     assert forward_gap.cost(before, after, "extend") is None
 
 
-@pytest.mark.parametrize("raw", ["-5", "1.5", "ten", " 3"])
-def test_a_bad_gap_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv(envvars.FORWARD_GAP_US.name, raw)
-    with pytest.raises(ValueError, match=envvars.FORWARD_GAP_US.name):
-        forward_gap.gap_us()
-    monkeypatch.setenv(envvars.FORWARD_GAP_US.name, "300")  # positive control
-    assert forward_gap.gap_us() == 300
+@pytest.mark.parametrize("raw", ["-5", "1.5", "ten", " 3", "\u0663"])
+@pytest.mark.parametrize("var", [envvars.FORWARD_GAP_US, envvars.FORWARD_GAP_KB])
+def test_a_bad_setting_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, var: envvars.EnvVar, raw: str
+) -> None:
+    read = forward_gap.gap_us if var is envvars.FORWARD_GAP_US else forward_gap.gap_kb
+    monkeypatch.setenv(var.name, raw)
+    with pytest.raises(ValueError, match=var.name):
+        read()
+    monkeypatch.setenv(var.name, "300")  # positive control
+    assert read() == 300
 
 
 def test_the_table_reads_the_difference_over_the_gap() -> None:
     bench = load_benchmark("forward_gap")
     result = {
-        "gap_us": 500,
+        "gap_us": 500, "gap_kb": 64,
         "decode": {"gap_wall_ms": 5.2, "gap_cpu_ms": 5.1, "gap_forwards": 40, "none_wall_ms": 5.0,
-                   "none_cpu_ms": 5.0, "none_forwards": 40},
-        "extend": None,
+                   "none_cpu_ms": 5.0, "none_forwards": 40, "hold_ms": 0.5},
     }  # fmt: skip
     (row,) = bench.rows(result)
-    assert row.split(" | ")[1:] == ["decode", "40; 40", "5.000", "5.200", "+0.200", "+0.100", "0.40 |"]
-    control = {**result, "gap_us": 0}
-    assert bench.rows(control)[0].endswith("| - |")  # gap 0: no share to divide
+    cells = ["| 500, 64 KB", "500", "decode", "40; 40", "5.000", "5.200", "+0.200", "+0.100", "0.40 |"]
+    assert row.split(" | ") == cells
+    control = {"gap_us": 0, "gap_kb": 0, "decode": {**result["decode"], "hold_ms": 0.0}}
+    assert bench.rows(control)[0].startswith("| 0 | 0 |")
+    assert bench.rows(control)[0].endswith("| - |")  # no hold: no share to divide
+    assert bench.parse_gap("300") == (300, 0)
+    assert bench.parse_gap("300:4096") == (300, 4096)
