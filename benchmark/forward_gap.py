@@ -84,7 +84,7 @@ def rows(result: dict[str, Any]) -> list[str]:
             continue
         wall = c["gap_wall_ms"] - c["none_wall_ms"]
         cpu = c["gap_cpu_ms"] - c["none_cpu_ms"]
-        share = f"{wall / c['hold_ms']:.2f}" if c["hold_ms"] > 0 else "-"
+        share = f"{wall / c['hold_ms']:.2f}" if result["gap_us"] > 0 and c["hold_ms"] > 0 else "-"  # (0: the control)
         out.append(
             f"| {gap} | {c['hold_ms'] * 1e3:.0f} | {mode} | {c['none_forwards']:.0f}; {c['gap_forwards']:.0f} | "
             f"{c['none_wall_ms']:.3f} | {c['gap_wall_ms']:.3f} | {wall:+.3f} | {cpu:+.3f} | {share} |"
