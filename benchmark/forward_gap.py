@@ -69,9 +69,8 @@ def totals(server: ServerProcess) -> dict[str, list[float]]:
     status, info = server.get_with("/get_server_info", {})
     if status != 200:
         raise RuntimeError(f"/get_server_info answered {status}: {info}")
-    state = info["internal_states"][0][forward_gap.KEY]
-    totals: dict[str, list[float]] = state["totals"]
-    return totals
+    reported: dict[str, list[float]] = info["internal_states"][0][forward_gap.KEY]["totals"]
+    return reported
 
 
 def rows(result: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_iso import envvars
+from sglang_iso_testing.phase_timer import mode_of
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +140,6 @@ def alternating(fn: Callable[..., Any], microseconds: int, kilobytes: int = 0) -
     return wrapper
 
 
-def mode_of(batch: Any) -> str:
-    """A batch's forward mode in lower case (``extend``, ``decode``, ...), ``other`` without one."""
-    name = getattr(getattr(batch, "forward_mode", None), "name", None)
-    return name.lower() if isinstance(name, str) else "other"
-
-
 def wrap_forward(_result: Any, _scheduler: Any, *_args: Any, **_kwargs: Any) -> None:
     """AFTER ``Scheduler.__init__``: wrap ``ModelRunner.forward`` once per process (after the hooks)."""
     import pkgutil
@@ -170,9 +165,10 @@ def cost(before: dict[str, list[float]], after: dict[str, list[float]], mode: st
     """Between two reports' totals, for ``mode``: milliseconds of wall time and of CPU per forward after a gap and
     after none, the forwards of each, and the holds' mean length (``hold_ms``, every mode's); None when either half
     has no forward in between."""
-    held, holds = (a - b for a, b in zip(after.get(HOLD, [0.0, 0.0, 0])[::2], before.get(HOLD, [0.0, 0.0, 0])[::2],
-                                         strict=True))  # fmt: skip
-    out: dict[str, float] = {"hold_ms": 1e3 * held / holds if holds > 0 else 0.0}
+    held_now, _, holds_now = after.get(HOLD, [0.0, 0.0, 0])
+    held_then, _, holds_then = before.get(HOLD, [0.0, 0.0, 0])
+    holds = holds_now - holds_then
+    out: dict[str, float] = {"hold_ms": 1e3 * (held_now - held_then) / holds if holds > 0 else 0.0}
     for half in (GAP, NONE):
         key = f"{mode}/{half}"
         now, then = after.get(key, [0.0, 0.0, 0]), before.get(key, [0.0, 0.0, 0])
