@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 from sglang_iso.integration.owner_check import FREE, OwnerTable
 
@@ -53,7 +54,7 @@ def _batch(rows: list[int], seq_lens: list[int], starts: list[int], drafts: int 
         seq_lens_cpu=torch.tensor(seq_lens),
         extend_prefix_lens=None if drafts else torch.tensor(starts),
         extend_prefix_lens_cpu=None if drafts else starts,
-        forward_mode=SimpleNamespace(is_extend=lambda: True, is_target_verify=lambda: drafts > 0),
+        forward_mode=ForwardMode.TARGET_VERIFY if drafts else ForwardMode.EXTEND,
         spec_info=SimpleNamespace(draft_token_num=drafts) if drafts else None,
     )
 
@@ -85,7 +86,7 @@ def _decode(rows: list[int], seq_lens: list[int]) -> SimpleNamespace:
         req_pool_indices=torch.tensor(rows),
         seq_lens=torch.tensor(seq_lens),
         seq_lens_sum=sum(seq_lens),
-        forward_mode=SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True, is_target_verify=lambda: False),
+        forward_mode=ForwardMode.DECODE,
     )
 
 

@@ -10,12 +10,13 @@ refuses nothing and leaves the same tables; whenever it says no, it changed noth
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_iso_kernels.row_check import _sanitize_torch, clean_rows_host
-from sglang_iso_kernels.verified_rows import VerifiedWindows, clean_decode_verified
+from sglang_iso_kernels.verified_rows import DecodeRoute, VerifiedWindows, clean_decode_verified
 from test.kernels.test_row_check import FREE, NUM_PAGES, SHARED, ZERO_PAGE, _allowed
 
 ROWS, WIDTH = 6, 24
@@ -241,3 +242,18 @@ def test_held_counts_the_remembered_columns_through_any_sequence(ops, page_size:
             verified.forget_all()
             announced.clear()
         assert verified.check()
+
+
+def test_the_bound_route_takes_only_its_layout_and_refuses_rows_off_the_table() -> None:
+    """``DecodeRoute`` binds C-contiguous int32 tables as wide as the memory (else ValueError, and the owner table
+    reads every step in full); a row index off the table is left to the full pass. Control: the same step on a row of
+    the table is decided."""
+    page_owner, row_owner, req_to_token, verified = _two_rows()
+    rtt, po, ro = req_to_token.numpy(), page_owner.numpy(), row_owner.numpy()
+    for bad in (rtt.astype(np.int64), np.asfortranarray(rtt), rtt[:, : WIDTH - 1]):
+        with pytest.raises(ValueError):
+            DecodeRoute(verified, bad, ro, po)
+    route = DecodeRoute(verified, rtt, ro, po)
+    rtt[1, 3] = 7
+    assert not route.decide([ROWS], [4]) and not route.decide([-1], [4]) and int(po[7]) == FREE
+    assert route.decide([1], [4]) and int(po[7]) == 1 and verified.check()

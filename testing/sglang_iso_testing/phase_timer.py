@@ -80,7 +80,7 @@ _ISO = (
 
 _ISO_PARTS = (
     ("sglang_iso.integration.owner_check:OwnerTable", "_clean_on_host", "owner_check.host"),
-    ("sglang_iso.integration.owner_check", "clean_decode_verified", "owner_check.decode_verified"),
+    ("sglang_iso_kernels.verified_rows:DecodeRoute", "decide", "owner_check.decode_verified"),
     ("sglang_iso.integration.owner_check", "clean_rows_host", "owner_check.rows_host"),
 )
 """The owner check's parts: a class's method (``module:Class``) or a function as the owner check's module calls it

@@ -18,7 +18,7 @@ are sanitized in place first, for the whole batch in one pass
 CPU a plain pool's batch is first tried from host lists, ``clean_rows_host``, which
 decides a batch whose every slot is its row's own or readable and hands anything
 else to the full pass; a decode step is first tried from what that route verified of
-each row, ``clean_decode_verified``: the new column read, the old ones compared with
+each row, ``verified_rows.DecodeRoute``: the new column read, the old ones compared with
 a copy, valid until a page in its checked columns changes owner other than by adoption).
 The pages a request writes in this step are adopted if FREE or already its
 own; every other slot of its row window must be its own, a shared prefix it may
@@ -52,7 +52,7 @@ from sglang_iso.identity.tags import Namespace
 from sglang_iso.integration import allocator_tap, runtime
 from sglang_iso.integration.allocator_tap import Order
 from sglang_iso_kernels import clean_rows_host, sanitize_rows
-from sglang_iso_kernels.verified_rows import VerifiedWindows, clean_decode_verified
+from sglang_iso_kernels.verified_rows import DecodeRoute, VerifiedWindows
 
 if TYPE_CHECKING:
     from sglang_iso.integration.scrub import PoolTensors
@@ -96,16 +96,25 @@ class _Pending(NamedTuple):
 
 
 class _HostViews(NamedTuple):
-    """Numpy views of the host route's tables (same memory) and the row table they were made from."""
+    """Numpy views of the host route's tables (same memory), the row table they were made from, and the decode
+    route bound to them (None without a memory)."""
 
     table: torch.Tensor
     req_to_token: np.ndarray
     row_owner: np.ndarray
     page_owner: np.ndarray
+    route: DecodeRoute | None
 
     @classmethod
     def of(cls, req_to_token: torch.Tensor, owners: OwnerTable) -> _HostViews:
-        return cls(req_to_token, req_to_token.numpy(), owners.row_owner.numpy(), owners.page_owner.numpy())
+        table, row_owner, page_owner = req_to_token.numpy(), owners.row_owner.numpy(), owners.page_owner.numpy()
+        route = None
+        if owners._verified is not None:
+            try:
+                route = DecodeRoute(owners._verified, table, row_owner, page_owner)
+            except ValueError as exc:
+                logger.warning("sglang-iso: owner check: every decode step is read in full: %s", exc)
+        return cls(req_to_token, table, row_owner, page_owner, route)
 
 
 class OwnerTable:
@@ -346,9 +355,10 @@ class OwnerTable:
         """Adopt this step's new pages and redirect every foreign or free slot of the batch's rows to the
         zero page: one pass over the batch's tokens, on the current (forward) stream, no host sync."""
         rows = forward_batch.req_pool_indices
-        if rows.numel() == 0:
-            return
-        if self._host_route and self._clean_on_host(forward_batch, rows):
+        if self._host_route:
+            if self._clean_on_host(forward_batch, rows):
+                return
+        elif rows.numel() == 0:
             return
         state_refused = None
         if self.state is not None:
@@ -378,35 +388,35 @@ class OwnerTable:
         """The CPU route of a plain KV pool: a batch whose every slot is its row owner's or one it may read (a
         declared shared prefix, the zero page) is decided from host lists alone (adopting this step's pages);
         anything else (False) takes the full pass below, which adopts the same pages again as a no-op and counts
-        what it refuses. Speculative verify passes always take it."""
-        mode = forward_batch.forward_mode
-        if mode.is_target_verify():
-            return False  # (the full pass forgets what was verified of these rows: check_window)
-        verified = self._verified
+        what it refuses. Speculative verify passes always take it. An empty batch has nothing to check (True)."""
         row_list = rows.tolist()
+        if not row_list:
+            return True
+        mode = forward_batch.forward_mode
         ends = forward_batch.seq_lens.tolist()
         req_to_token = self.cache.req_to_token_pool.req_to_token
         views = self._host_views
         if views is None or views.table is not req_to_token:
             views = self._host_views = _HostViews.of(req_to_token, self)  # (a replaced row table: never in SGLang)
-        if mode.is_extend():
+        # NOTE: decode first: it is nearly every step, and its check runs when the forward has left caches cold.
+        if mode.is_decode():
+            if views.route is not None and views.route.decide(row_list, ends):
+                return True
+            starts = [max(end - 1, 0) for end in ends]
+        elif mode.is_target_verify():
+            return False  # (the full pass forgets what was verified of these rows: check_window)
+        elif mode.is_extend():
             starts = forward_batch.extend_prefix_lens_cpu
             if starts is None or len(starts) != len(ends):
                 return False
-        elif mode.is_decode():
-            if verified is not None and clean_decode_verified(
-                views.req_to_token, row_list, ends, views.row_owner, views.page_owner, self.page_size, verified
-            ):
-                return True
-            starts = [max(end - 1, 0) for end in ends]
         else:
             return False
         clean = clean_rows_host(
             req_to_token, row_list, list(starts), ends, self.page_owner, self.row_owner, self.allowed,
             page_size=self.page_size,
         )  # fmt: skip
-        if clean and verified is not None:
-            verified.record(views.req_to_token, row_list, ends, views.row_owner)
+        if clean and self._verified is not None:
+            self._verified.record(views.req_to_token, row_list, ends, views.row_owner)
         return clean  # (when not clean, the full pass forgets these rows: check_window)
 
     def _check_swa(self, swa: SwaOwners, rows: torch.Tensor, ends: torch.Tensor, write_start: torch.Tensor) -> None:
