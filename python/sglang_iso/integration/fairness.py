@@ -171,11 +171,13 @@ def admit_within_share(original: Callable[..., Any], scheduler: Any, *args: Any,
     They leave ``scheduler.waiting_queue`` for the call and are appended back after it, in order
     (the next ``calc_priority`` orders the queue again).
     """
-    shares: KvShares | None = getattr(getattr(scheduler, "tree_cache", None), "kv_shares", None)
     queue = getattr(scheduler, "waiting_queue", None)
+    if not queue:
+        return original(scheduler, *args, **kwargs)  # (nearly every decode step: nothing waits)
+    shares: KvShares | None = getattr(getattr(scheduler, "tree_cache", None), "kv_shares", None)
     running_batch = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
     pool, slots = getattr(scheduler, "max_total_num_tokens", None), getattr(scheduler, "max_running_requests", None)
-    if shares is None or not queue or not isinstance(pool, int) or not isinstance(slots, int):
+    if shares is None or not isinstance(pool, int) or not isinstance(slots, int):
         return original(scheduler, *args, **kwargs)
     running = list(getattr(running_batch, "reqs", None) or ())
     chunked = getattr(scheduler, "chunked_req", None)
