@@ -48,12 +48,22 @@ def test_every_second_forward_waits_and_each_half_is_timed_apart(monkeypatch: py
     }  # fmt: skip
 
 
-def test_the_hold_is_timed_apart_from_the_forward_after_it() -> None:
-    wrapped = forward_gap.alternating(lambda _runner, _batch: None, 20_000)
+def test_the_hold_is_timed_apart_from_the_forward_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a clock that only the hold (20 ms) and the forward (1 ms) move: each is counted where it belongs."""
+    now = [0.0]
+    clock = SimpleNamespace(perf_counter=lambda: now[0], thread_time=lambda: now[0])
+    monkeypatch.setattr(forward_gap, "time", clock)
+
+    def forward(_runner: object, _batch: Any) -> None:
+        now[0] += 0.001
+
+    monkeypatch.setattr(forward_gap, "hold", lambda us, _buffer: now.__setitem__(0, now[0] + us / 1e6))
+    wrapped = forward_gap.alternating(forward, 20_000)
     wrapped(None, _batch("decode"))
     wrapped(None, _batch("decode"))
-    assert forward_gap.TOTALS["hold"][0] >= 0.02  # (a lower bound: the hold runs until the clock has passed it)
-    assert forward_gap.TOTALS["decode/gap"][0] < forward_gap.TOTALS["hold"][0]
+    assert forward_gap.TOTALS["hold"][0] == pytest.approx(0.02)
+    assert forward_gap.TOTALS["decode/gap"][:2] == pytest.approx([0.001, 0.001])
+    assert forward_gap.TOTALS["decode/none"][:2] == pytest.approx([0.001, 0.001])
 
 
 def test_a_hold_over_a_buffer_writes_all_of_it_and_lasts_the_gap() -> None:
